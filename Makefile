@@ -1,0 +1,49 @@
+# raygen: the two commands a fresh machine needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export AWS_ACCESS_KEY_ID ?= raygen-local
+export AWS_SECRET_ACCESS_KEY ?= raygen-local
+export AWS_DEFAULT_REGION ?= us-east-1
+export AWS_EC2_METADATA_DISABLED := true
+export RAY_USAGE_STATS_ENABLED := 0
+export RAYGEN_S3_ENDPOINT ?= http://127.0.0.1:9330
+DEMO_ROWS ?= 2400
+
+.PHONY: setup prometheus run report test test-fast stack-up stack-down bench clean
+
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+# Debian's prometheus package brings prometheus and promtool (alert rule tests).
+prometheus:
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "promtool missing: sudo apt-get install prometheus" >&2; exit 1; fi; }
+	@systemctl disable --now prometheus >/dev/null 2>&1 || true
+
+stack-up: setup
+	$(PY) -m cluster.local_stack up
+
+stack-down:
+	-$(PY) -m cluster.local_stack down
+
+run: stack-up
+	mkdir -p .local
+	$(PY) -m jobs.demo_prompts --rows $(DEMO_ROWS) --out .local/demo_prompts.jsonl \
+	  --upload s3://raygen-demo/prompts/demo.jsonl
+	$(PY) -m jobs.generate --config jobs/configs/demo.yaml
+
+test: setup prometheus
+	$(PY) -m pytest tests -q
+
+test-fast: setup
+	$(PY) -m pytest tests/unit -q
+
+clean: stack-down
+	rm -rf .local

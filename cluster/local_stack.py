@@ -1,0 +1,109 @@
+"""Local stand-ins for a cloud cluster: moto S3 server + a Ray head on this machine.
+
+    python -m cluster.local_stack up      # start S3 (moto) and Ray, create the bucket
+    python -m cluster.local_stack down    # stop both
+    python -m cluster.local_stack status
+
+Used by `make run` (and reused by the tests' fixtures) so the demo talks to a real
+HTTP S3 endpoint and a real Ray cluster, exactly as it would to AWS and `ray up`.
+Credentials for moto are dummies set in the environment, as for AWS, never in config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE = Path(os.environ.get("RAYGEN_LOCAL_DIR", Path(__file__).resolve().parent.parent / ".local"))
+S3_HOST = "127.0.0.1"
+S3_PORT = int(os.environ.get("RAYGEN_S3_PORT", "9330"))
+DEMO_BUCKET = "raygen-demo"
+RAY_BIN = str(Path(sys.executable).with_name("ray"))  # the venv's ray CLI
+LOCAL_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "raygen-local", "AWS_SECRET_ACCESS_KEY": "raygen-local",
+    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def set_local_aws_env() -> None:
+    for key, value in LOCAL_AWS_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def start_s3(port: int = S3_PORT, log_dir: Path = STATE) -> subprocess.Popen | None:
+    """Start moto's standalone S3 server unless one listens already; wait until ready."""
+    if port_open(S3_HOST, port):
+        return None
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"moto-{port}.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", S3_HOST, "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not port_open(S3_HOST, port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"moto S3 server did not start; see {log_dir}/moto-{port}.log")
+        time.sleep(0.2)
+    (log_dir / "moto.pid").write_text(str(proc.pid))
+    return proc
+
+
+def create_bucket(bucket: str, port: int = S3_PORT) -> None:
+    import boto3
+    set_local_aws_env()
+    s3 = boto3.client("s3", endpoint_url=f"http://{S3_HOST}:{port}")
+    if bucket not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=bucket)
+
+
+def start_ray() -> None:
+    if subprocess.run([RAY_BIN, "status"], capture_output=True).returncode == 0:
+        return
+    subprocess.run([RAY_BIN, "start", "--head", "--dashboard-host", "127.0.0.1",
+                    "--include-dashboard", "true", "--disable-usage-stats"], check=True)
+
+
+def stop_all() -> None:
+    subprocess.run([RAY_BIN, "stop", "--force"], capture_output=True)
+    pid_file = STATE / "moto.pid"
+    if pid_file.exists():
+        try:
+            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            pass
+        pid_file.unlink()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["up", "down", "status"])
+    args = parser.parse_args(argv)
+    set_local_aws_env()
+    if args.action == "up":
+        start_s3()
+        create_bucket(DEMO_BUCKET)
+        start_ray()
+        print(f"local S3: http://{S3_HOST}:{S3_PORT} (bucket {DEMO_BUCKET}); "
+              f"Ray dashboard: http://127.0.0.1:8265")
+    elif args.action == "down":
+        stop_all()
+    else:
+        print(f"S3 {'up' if port_open(S3_HOST, S3_PORT) else 'down'} on :{S3_PORT}; Ray "
+              f"{'up' if port_open('127.0.0.1', 6379) else 'down'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

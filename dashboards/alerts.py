@@ -1,0 +1,279 @@
+"""Recording rules and alerts, rendered both as Prometheus rules and as
+Grafana-managed alert provisioning, from one definition.
+
+Each alert is ``<query> <op> <threshold>``: the query yields the value a human
+wants to see (a fraction, seconds, a ratio to the baseline), which keeps the
+annotations readable and maps 1:1 onto Grafana's query -> reduce -> threshold
+pipeline.  Prometheus alerts may use the recording rules; Grafana alerts get
+them inlined so they work against any Prometheus that scrapes Ray, even one
+that does not load raygen_rules.yml.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List
+
+from dashboards import metrics_catalog as mc
+from dashboards import promql as q
+from dashboards import signals as s
+from dashboards import thresholds as t
+
+RUNBOOK_BASE = "dashboards/README.md"  # point at a rendered URL if you publish the docs
+GROUP = "raygen"
+RUN_MODEL = s.RUN_MODEL
+
+
+def record_name(signal: str, op: str, window: str) -> str:
+    return f"raygen:{signal}:{op}{window}"
+
+
+TPS_SHORT = record_name("output_tokens_per_second", "rate", t.THROUGHPUT_SHORT_WINDOW)
+TPS_LONG = record_name("output_tokens_per_second", "rate", t.THROUGHPUT_LONG_WINDOW)
+TRUNC = record_name("truncated_fraction", "rate", t.TRUNCATION_WINDOW)
+TRUNC_VOLUME = record_name("completions", "increase", t.TRUNCATION_WINDOW)
+FAIL = record_name("failure_ratio", "rate", t.FAILURE_WINDOW)
+ACCEPT_SHORT = record_name("accept_length", "rate", t.ACCEPT_LENGTH_SHORT_WINDOW)
+ACCEPT_LONG = record_name("accept_length", "rate", t.ACCEPT_LENGTH_LONG_WINDOW)
+
+RECORDING_RULES: Dict[str, str] = {
+    TPS_SHORT: s.output_tps(t.THROUGHPUT_SHORT_WINDOW),
+    TPS_LONG: s.output_tps(t.THROUGHPUT_LONG_WINDOW),
+    TRUNC: s.truncated_fraction(t.TRUNCATION_WINDOW),
+    TRUNC_VOLUME: s.completions_in(t.TRUNCATION_WINDOW),
+    FAIL: s.failure_ratio(t.FAILURE_WINDOW),
+    ACCEPT_SHORT: s.accept_length(t.ACCEPT_LENGTH_SHORT_WINDOW),
+    ACCEPT_LONG: s.accept_length(t.ACCEPT_LENGTH_LONG_WINDOW),
+}
+
+# How $value is shown: (Prometheus template, Grafana template).  Grafana's
+# $value is a debug string of all refIds, so it needs $values.B.Value (B = reduce).
+_FMT = {
+    "percent": ("{{ $value | humanizePercentage }}", "{{ humanizePercentage $values.B.Value }}"),
+    "duration": ("{{ $value | humanizeDuration }}", "{{ humanizeDuration $values.B.Value }}"),
+    "number": ('{{ printf "%.2f" $value }}', '{{ printf "%.2f" $values.B.Value }}'),
+}
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    query: str  # may reference RECORDING_RULES
+    op: str  # ">" or "<" (Grafana threshold expressions have no "==")
+    threshold: float
+    for_: str
+    severity: str
+    summary: str
+    description: str  # "<VALUE>", if present, becomes the formatted current value
+    value_format: str
+    panel_key: str  # dashboard panel the Grafana alert links to
+
+    @property
+    def expr(self) -> str:
+        return q.compare(self.query, self.op, self.threshold)
+
+    @property
+    def runbook(self) -> str:
+        return f"{RUNBOOK_BASE}#{self.name.lower()}"
+
+    def annotations(self, grafana: bool) -> Dict[str, str]:
+        value = _FMT[self.value_format][1 if grafana else 0]
+        return {
+            "summary": self.summary,
+            "description": self.description.replace("<VALUE>", value),
+            "runbook": self.runbook,
+        }
+
+
+_ENGINE_UP_PER_REPLICA = q.min_by(("model", "deployment", "replica"), mc.ENGINE_UP.prom_name)
+# A model whose job is running but that has no engine_up series at all: every
+# replica is gone (or never came up), so the per-replica branch has nothing to see.
+_NO_REPLICA_METRICS = q.unless_on(
+    ("model",),
+    f"(0 * {s.job_running(by=('model',))})",
+    q.count_by(("model",), mc.ENGINE_UP.prom_name),
+)
+_DRIVER_LAST_SEEN_RUNNING = (
+    f"({q.max_by(RUN_MODEL, f'last_over_time({mc.JOB_RUNNING.prom_name}[{t.DRIVER_GONE_LOOKBACK}])')} == 1)"
+)
+_FINISHED_ALL_ROWS = (
+    f"({s.rows_finished(over=t.DRIVER_GONE_LOOKBACK)} >= "
+    f"{q.max_by(RUN_MODEL, f'last_over_time({mc.JOB_ROWS_TOTAL.prom_name}[{t.DRIVER_GONE_LOOKBACK}])')})"
+)
+
+ALERTS: List[Alert] = [
+    Alert(
+        name="RaygenTruncationHigh",
+        query=q.and_on(RUN_MODEL, TRUNC, f"({TRUNC_VOLUME} >= {t.TRUNCATION_MIN_COMPLETIONS})"),
+        op=">", threshold=t.TRUNCATION_FRACTION_MAX, for_=t.TRUNCATION_FOR, severity="critical",
+        summary="raygen run {{ $labels.run }}: truncation above "
+                f"{t.TRUNCATION_FRACTION_MAX:.0%}",
+        description=f"<VALUE> of completions of model {{{{ $labels.model }}}} hit the length limit "
+                    f"(finish_reason=length) over the last {t.TRUNCATION_WINDOW}; "
+                    f"threshold {t.TRUNCATION_FRACTION_MAX:.0%}.",
+        value_format="percent", panel_key="truncated_fraction",
+    ),
+    Alert(
+        name="RaygenThroughputDrop",
+        query=q.and_on(
+            RUN_MODEL, q.ratio_if_positive(q.or_zero(TPS_SHORT, TPS_LONG), TPS_LONG), s.job_running()),
+        op="<", threshold=t.THROUGHPUT_DROP_RATIO, for_=t.THROUGHPUT_FOR, severity="critical",
+        summary="raygen run {{ $labels.run }}: output tok/s dropped below "
+                f"{t.THROUGHPUT_DROP_RATIO:.0%} of the {t.THROUGHPUT_LONG_WINDOW} average",
+        description=f"Output tokens/s of model {{{{ $labels.model }}}} over the last {t.THROUGHPUT_SHORT_WINDOW} "
+                    f"is <VALUE> of its {t.THROUGHPUT_LONG_WINDOW} average while the job is running.",
+        value_format="percent", panel_key="output_tps",
+    ),
+    Alert(
+        name="RaygenFailureRateHigh",
+        query=FAIL,
+        op=">", threshold=t.FAILURE_RATIO_MAX, for_=t.FAILURE_FOR, severity="critical",
+        summary="raygen run {{ $labels.run }}: failure rate above " f"{t.FAILURE_RATIO_MAX:.0%}",
+        description=f"<VALUE> of finished rows failed (failures / (completions + failures)) over the last "
+                    f"{t.FAILURE_WINDOW}; threshold {t.FAILURE_RATIO_MAX:.0%}.",
+        value_format="percent", panel_key="failure_ratio",
+    ),
+    Alert(
+        name="RaygenRunStalled",
+        query=q.and_on(RUN_MODEL, s.seconds_since_last_write(), s.job_running()),
+        op=">", threshold=t.STALL_SECONDS, for_=t.STALL_FOR, severity="critical",
+        summary="raygen run {{ $labels.run }}: no durable write for "
+                f"{t.STALL_SECONDS // 60}m",
+        description="The job driver is running but its newest durable write is <VALUE> old "
+                    f"(threshold {t.STALL_SECONDS // 60}m).",
+        value_format="duration", panel_key="stall",
+    ),
+    Alert(
+        name="RaygenEngineDown",
+        query=f"({_ENGINE_UP_PER_REPLICA} or {_NO_REPLICA_METRICS})",
+        op="<", threshold=1, for_=t.ENGINE_DOWN_FOR, severity="critical",
+        summary="raygen model {{ $labels.model }}: engine down "
+                "{{ if $labels.replica }}on replica {{ $labels.replica }}{{ else }}(no replica metrics){{ end }}",
+        description="{{ if $labels.replica }}Replica {{ $labels.replica }} of model {{ $labels.model }} reports "
+                    "engine_up=0{{ else }}No replica of model {{ $labels.model }} exports metrics while its job is "
+                    f"running{{{{ end }}}} (for {t.ENGINE_DOWN_FOR}).",
+        value_format="number", panel_key="engine_up",
+    ),
+    Alert(
+        name="RaygenAcceptLengthDrop",
+        query=q.ratio_if_positive(ACCEPT_SHORT, ACCEPT_LONG),
+        op="<", threshold=t.ACCEPT_LENGTH_DROP_RATIO, for_=t.ACCEPT_LENGTH_FOR, severity="warning",
+        summary="raygen run {{ $labels.run }}: speculative accept length dropped",
+        description=f"Accept length of model {{{{ $labels.model }}}} over the last {t.ACCEPT_LENGTH_SHORT_WINDOW} "
+                    f"is <VALUE> of its {t.ACCEPT_LENGTH_LONG_WINDOW} average "
+                    f"(threshold {t.ACCEPT_LENGTH_DROP_RATIO:.0%}).",
+        value_format="percent", panel_key="accept_length",
+    ),
+    Alert(
+        name="RaygenJobDriverGone",
+        query=q.unless_on(
+            RUN_MODEL,
+            q.unless_on(RUN_MODEL, _DRIVER_LAST_SEEN_RUNNING, q.max_by(RUN_MODEL, mc.JOB_RUNNING.prom_name)),
+            _FINISHED_ALL_ROWS),
+        op=">", threshold=0, for_=t.DRIVER_GONE_FOR, severity="critical",
+        summary="raygen run {{ $labels.run }}: job driver disappeared mid-run",
+        description="The driver last reported job_running=1 but its metrics are gone and not all rows "
+                    f"were written (looked back {t.DRIVER_GONE_LOOKBACK}).",
+        value_format="number", panel_key="driver_running",
+    ),
+]
+
+ALERTS_BY_NAME = {a.name: a for a in ALERTS}
+
+
+def inline_recording_rules(expr: str) -> str:
+    """Replace recording-rule names with their (parenthesised) definitions."""
+    for name, definition in RECORDING_RULES.items():
+        expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", lambda _m, d=definition: f"({d})", expr)
+    return expr
+
+
+def prometheus_rules() -> dict:
+    """The rules file as a dict (one group: recording rules first, so alerts in
+    the same evaluation see this cycle's values)."""
+    rules: list = [{"record": name, "expr": expr} for name, expr in RECORDING_RULES.items()]
+    for a in ALERTS:
+        rules.append({
+            "alert": a.name,
+            "expr": a.expr,
+            "for": a.for_,
+            "labels": {"severity": a.severity},
+            "annotations": a.annotations(grafana=False),
+        })
+    return {"groups": [{"name": GROUP, "rules": rules}]}
+
+
+GRAFANA_DATASOURCE_UID = "raygen-prometheus"  # fixed in provisioning/datasources/raygen.yml
+GRAFANA_FOLDER = "raygen"
+_EVALUATOR = {">": "gt", "<": "lt"}
+
+
+def _expr_ds() -> dict:
+    # A fresh dict each time: a shared one makes PyYAML emit &anchors/*aliases.
+    return {"type": "__expr__", "uid": "__expr__"}
+
+
+def _seconds(duration: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return int(duration[:-1]) * units[duration[-1]]
+
+
+def grafana_alert_rule(a: Alert, dashboard_uid: str, panel_id: int) -> dict:
+    """One Grafana-managed rule: A = instant PromQL, B = reduce(last), C = threshold."""
+    return {
+        "uid": "raygen-" + re.sub(r"(?<!^)(?=[A-Z])", "-", a.name.removeprefix("Raygen")).lower(),
+        "title": a.name,
+        "condition": "C",
+        "data": [
+            {
+                "refId": "A",
+                "relativeTimeRange": {"from": 600, "to": 0},
+                "datasourceUid": GRAFANA_DATASOURCE_UID,
+                "model": {
+                    "refId": "A",
+                    "datasource": {"type": "prometheus", "uid": GRAFANA_DATASOURCE_UID},
+                    "expr": inline_recording_rules(a.query),
+                    "instant": True,
+                    "range": False,
+                    "intervalMs": 1000,
+                    "maxDataPoints": 43200,
+                },
+            },
+            {
+                "refId": "B",
+                "datasourceUid": "__expr__",
+                "model": {"refId": "B", "datasource": _expr_ds(), "type": "reduce", "expression": "A",
+                          "reducer": "last"},
+            },
+            {
+                "refId": "C",
+                "datasourceUid": "__expr__",
+                "model": {"refId": "C", "datasource": _expr_ds(), "type": "threshold", "expression": "B",
+                          "conditions": [{"evaluator": {"type": _EVALUATOR[a.op], "params": [a.threshold]}}]},
+            },
+        ],
+        "dashboardUid": dashboard_uid,
+        "panelId": panel_id,
+        # No series = healthy for every query above (they only return the
+        # evaluable / bad cases), so NoData must not page.
+        "noDataState": "OK",
+        "execErrState": "Error",
+        "for": a.for_,
+        "labels": {"severity": a.severity},
+        # Grafana does not env-interpolate annotations, so {{ $labels.x }} is safe here.
+        "annotations": a.annotations(grafana=True),
+    }
+
+
+def grafana_alerting(dashboard_uid: str, panel_ids: Dict[str, int]) -> dict:
+    return {
+        "apiVersion": 1,
+        "groups": [{
+            "orgId": 1,
+            "name": GROUP,
+            "folder": GRAFANA_FOLDER,
+            "interval": "30s",
+            "rules": [grafana_alert_rule(a, dashboard_uid, panel_ids[a.panel_key]) for a in ALERTS],
+        }],
+    }

@@ -1,0 +1,120 @@
+"""The raygen metrics contract: every metric the replicas and the job emit.
+
+Emitters (serve_apps/, jobs/) import the *base* names from here and pass them to
+``ray.serve.metrics`` / ``ray.util.metrics``; dashboards and alert rules use the
+*exported* Prometheus names.  Ray's exporter prefixes ``ray_`` and, for
+counters, appends ``_total``; histograms become ``_bucket``/``_sum``/``_count``.
+
+Deliberately import-light (stdlib only, no ray) so the job driver, the replica
+code, the dashboard generator and the tests can all import it cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+COUNTER = "counter"
+GAUGE = "gauge"
+HISTOGRAM = "histogram"
+
+REPLICA = "replica"  # emitted inside a Serve replica (Serve adds deployment/replica/application)
+JOB = "job"  # emitted by the Ray Data job driver / its tasks
+
+# Closed set of finish reasons; anything else from the engine is mapped to "abort".
+FINISH_REASONS: Tuple[str, ...] = ("stop", "length", "abort")
+
+# Labels Ray itself attaches (not raygen tag_keys, but present on every series;
+# observed on Ray 2.60 with the OpenTelemetry exporter).  Prometheus adds
+# instance/job.  WorkerId changes when a process restarts, so always aggregate
+# with an explicit ``by (...)`` rather than relying on series identity.
+RAY_LABELS: Tuple[str, ...] = ("SessionName", "NodeAddress", "Component", "Version", "WorkerId", "otel_scope_name")
+SERVE_LABELS: Tuple[str, ...] = ("deployment", "replica", "application")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # base name registered with Ray, e.g. "raygen_output_tokens"
+    type: str  # COUNTER | GAUGE | HISTOGRAM
+    labels: Tuple[str, ...]  # raygen's own tag_keys (Ray/Serve add more, see above)
+    description: str
+    source: str  # REPLICA | JOB
+
+    @property
+    def prom_name(self) -> str:
+        """Name of the exported family as queried in PromQL (counters: *_total)."""
+        base = "ray_" + self.name
+        return base + "_total" if self.type == COUNTER else base
+
+    @property
+    def series_names(self) -> Tuple[str, ...]:
+        """Every sample name this metric produces in Prometheus."""
+        if self.type == HISTOGRAM:
+            return tuple(self.prom_name + s for s in ("_bucket", "_sum", "_count"))
+        return (self.prom_name,)
+
+
+_MR = ("model", "run")
+_MRC = ("model", "run", "category")
+
+# --- replica side ---------------------------------------------------------------
+OUTPUT_TOKENS = Metric("raygen_output_tokens", COUNTER, _MRC, "Completion tokens generated.", REPLICA)
+PROMPT_TOKENS = Metric("raygen_prompt_tokens", COUNTER, _MRC, "Prompt tokens processed.", REPLICA)
+COMPLETIONS = Metric(
+    "raygen_completions", COUNTER, _MRC + ("finish_reason",),
+    "Completions finished, by finish_reason (stop|length|abort); length = truncated.", REPLICA)
+SPEC_VERIFY_STEPS = Metric(
+    "raygen_spec_verify_steps", COUNTER, _MR,
+    "Speculative-decoding verify steps (denominator of accept length).", REPLICA)
+SPEC_OUTPUT_TOKENS = Metric(
+    "raygen_spec_output_tokens", COUNTER, _MR,
+    "Completion tokens of requests that reported verify steps (numerator of accept length).", REPLICA)
+ACCEPT_LENGTH = Metric(
+    "raygen_accept_length", HISTOGRAM, _MR,
+    "Per-request accept length (completion tokens / verify steps).", REPLICA)
+REQUEST_LATENCY = Metric(
+    "raygen_request_latency_s", HISTOGRAM, _MR, "End-to-end request latency in the replica, seconds.", REPLICA)
+INFLIGHT_REQUESTS = Metric(
+    "raygen_inflight_requests", GAUGE, ("model",), "Requests currently inside the replica.", REPLICA)
+ENGINE_RUNNING_REQUESTS = Metric(
+    "raygen_engine_running_requests", GAUGE, ("model",), "Engine-reported running requests (relayed).", REPLICA)
+ENGINE_QUEUED_REQUESTS = Metric(
+    "raygen_engine_queued_requests", GAUGE, ("model",), "Engine-reported queued requests (relayed).", REPLICA)
+ENGINE_TOKEN_USAGE = Metric(
+    "raygen_engine_token_usage", GAUGE, ("model",), "Engine KV-cache token usage, 0..1 (relayed).", REPLICA)
+ENGINE_GEN_THROUGHPUT = Metric(
+    "raygen_engine_gen_throughput_tok_s", GAUGE, ("model",), "Engine-reported generation throughput, tok/s (relayed).",
+    REPLICA)
+ENGINE_SPEC_ACCEPT_LENGTH = Metric(
+    "raygen_engine_spec_accept_length", GAUGE, ("model",), "Engine-reported speculative accept length (relayed).",
+    REPLICA)
+ENGINE_UP = Metric(
+    "raygen_engine_up", GAUGE, ("model",), "1 while the replica's engine passes health checks, else 0.", REPLICA)
+
+# --- job side -------------------------------------------------------------------
+FAILURES = Metric("raygen_failures", COUNTER, ("model", "run", "error_class"),
+                  "Rows that failed permanently (after retries), by error class.", JOB)
+RETRIES = Metric("raygen_retries", COUNTER, ("model", "run", "error_class"), "Request retries, by error class.", JOB)
+REJECTS = Metric("raygen_rejects", COUNTER, ("model", "run", "reason"),
+                 "Rows rejected before generation (validation), by reason.", JOB)
+JOB_ROWS_TOTAL = Metric("raygen_job_rows_total", GAUGE, _MR, "Rows in the input of the run.", JOB)
+JOB_ROWS_DONE = Metric("raygen_job_rows_done", GAUGE, _MR, "Rows durably written with a completion.", JOB)
+JOB_ROWS_FAILED = Metric("raygen_job_rows_failed", GAUGE, _MR, "Rows durably written as failed.", JOB)
+JOB_ROWS_REJECTED = Metric("raygen_job_rows_rejected", GAUGE, _MR, "Rows durably written as rejected.", JOB)
+JOB_ROWS_TRUNCATED = Metric("raygen_job_rows_truncated", GAUGE, _MR,
+                            "Rows durably written whose completion hit the length limit.", JOB)
+JOB_OUTPUT_TOKENS_WRITTEN = Metric("raygen_job_output_tokens_written", GAUGE, _MR,
+                                   "Completion tokens durably written.", JOB)
+JOB_ETA_SECONDS = Metric("raygen_job_eta_seconds", GAUGE, _MR, "Driver's estimate of seconds to finish.", JOB)
+JOB_LAST_WRITE_TIMESTAMP = Metric(
+    "raygen_job_last_write_timestamp_seconds", GAUGE, _MR,
+    "Unix time of the newest durable write (initialised to driver start).", JOB)
+JOB_RUNNING = Metric("raygen_job_running", GAUGE, _MR, "1 while the driver runs; set to 0 on clean exit.", JOB)
+
+CATALOG: Tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
+BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOG}
+BY_PROM_NAME: Dict[str, Metric] = {m.prom_name: m for m in CATALOG}
+# Every sample name that may legitimately appear in a query.
+SERIES_NAMES = frozenset(s for m in CATALOG for s in m.series_names)
+
+assert len(BY_NAME) == len(CATALOG), "duplicate metric name in catalog"

@@ -1,0 +1,156 @@
+"""The raygen dashboard: what a person watching a 30-hour run needs, top-down:
+is it progressing -> how fast -> is the output good -> is it healthy."""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from dashboards import grafana as g
+from dashboards import metrics_catalog as mc
+from dashboards import promql as q
+from dashboards import signals as s
+from dashboards import thresholds as t
+from dashboards.grafana import Panel, Row, Target
+
+UID = "raygen-run"
+TITLE = "raygen - generation run"
+RI = "$__rate_interval"  # Grafana picks a window >= 4 scrape intervals
+RM = q.RUN_MODEL  # run=~"$run", model=~"$model"
+M = q.MODEL  # engine/replica gauges carry only model
+BY_RUN = ("run", "model")
+
+_UP_DOWN = [{"type": "value", "options": {
+    "0": {"text": "DOWN", "color": "red", "index": 0},
+    "1": {"text": "UP", "color": "green", "index": 1},
+}}]
+_RUNNING = [{"type": "value", "options": {
+    "0": {"text": "stopped", "color": "blue", "index": 0},
+    "1": {"text": "running", "color": "green", "index": 1},
+}}]
+
+
+def _job(metric: mc.Metric) -> str:
+    # max, not sum: a restarted driver briefly overlaps with its predecessor's series.
+    return q.max_by(BY_RUN, q.sel(metric.prom_name, *RM))
+
+
+def _by_rate(metric: mc.Metric, label: str, matchers=RM) -> str:
+    return q.sum_rate(metric.prom_name, RI, (label,), matchers)
+
+
+def _quantile(metric: mc.Metric, qv: float) -> Target:
+    return Target(q.histogram_quantile(qv, metric.prom_name, RI, ("model",), RM), f"p{int(qv * 100)} {{{{model}}}}")
+
+
+PROGRESS = Row("Run progress", [
+    Panel("Progress", [Target(f"{s.rows_finished(BY_RUN, RM)} / {_job(mc.JOB_ROWS_TOTAL)}", "{{run}}")],
+          kind="stat", unit="percentunit", width=6,
+          description="(done + failed + rejected) / total rows, from what the driver has durably written."),
+    Panel("Rows done / total", [
+        Target(_job(mc.JOB_ROWS_DONE), "done {{run}}"),
+        Target(_job(mc.JOB_ROWS_TOTAL), "total {{run}}"),
+        Target(_job(mc.JOB_ROWS_FAILED), "failed {{run}}"),
+        Target(_job(mc.JOB_ROWS_REJECTED), "rejected {{run}}"),
+    ], kind="stat", width=6),
+    Panel("ETA", [Target(_job(mc.JOB_ETA_SECONDS), "{{run}}")], kind="stat", unit="dtdurations", width=6),
+    Panel("Driver running", [Target(_job(mc.JOB_RUNNING), "{{run}}")], kind="stat", width=6,
+          mappings=_RUNNING, key="driver_running",
+          description="No value while a run should be going = the driver died (RaygenJobDriverGone)."),
+    Panel("Time since last durable write", [Target(s.seconds_since_last_write(BY_RUN, RM), "{{run}}")],
+          unit="s", min=0, threshold=t.STALL_SECONDS, key="stall",
+          description=f"RaygenRunStalled fires above the line ({t.STALL_SECONDS // 60}m) while the driver runs."),
+    Panel("Rows written", [
+        Target(_job(mc.JOB_ROWS_DONE), "done {{run}}"),
+        Target(_job(mc.JOB_ROWS_FAILED), "failed {{run}}"),
+        Target(_job(mc.JOB_ROWS_REJECTED), "rejected {{run}}"),
+        Target(_job(mc.JOB_ROWS_TRUNCATED), "truncated {{run}}"),
+        Target(_job(mc.JOB_ROWS_TOTAL), "total {{run}}"),
+    ]),
+])
+
+THROUGHPUT = Row("Throughput", [
+    Panel("Output tokens/s", [
+        Target(s.output_tps(RI, BY_RUN, RM), "{{run}} {{model}}"),
+        Target(s.output_tps(t.THROUGHPUT_SHORT_WINDOW, BY_RUN, RM), f"{{{{run}}}} {t.THROUGHPUT_SHORT_WINDOW} avg"),
+        Target(f"{t.THROUGHPUT_DROP_RATIO:g} * {s.output_tps(t.THROUGHPUT_LONG_WINDOW, BY_RUN, RM)}",
+               f"{{{{run}}}} alert floor ({t.THROUGHPUT_DROP_RATIO:.0%} of {t.THROUGHPUT_LONG_WINDOW} avg)"),
+    ], unit="short", min=0, key="output_tps",
+          description="RaygenThroughputDrop fires when the 10m average stays under the alert floor."),
+    Panel("Output tokens/s per replica", [Target(_by_rate(mc.OUTPUT_TOKENS, "replica"), "{{replica}}")],
+          min=0, stack=True),
+    Panel("Prompt tokens/s", [Target(q.sum_rate(mc.PROMPT_TOKENS.prom_name, RI, BY_RUN, RM), "{{run}} {{model}}")],
+          min=0),
+    Panel("Engine generation throughput (engine-reported)", [
+        Target(q.sum_by(("replica",), q.sel(mc.ENGINE_GEN_THROUGHPUT.prom_name, *M)), "{{replica}}")],
+          min=0, stack=True),
+])
+
+QUALITY = Row("Output quality", [
+    Panel(f"Truncated fraction ({t.TRUNCATION_WINDOW})",
+          [Target(s.truncated_fraction(t.TRUNCATION_WINDOW, BY_RUN, RM), "{{run}} {{model}}")],
+          unit="percentunit", min=0, threshold=t.TRUNCATION_FRACTION_MAX, key="truncated_fraction",
+          description=f"Share of completions with finish_reason=length. RaygenTruncationHigh fires above the "
+                      f"line for {t.TRUNCATION_FOR}."),
+    Panel("Finish reasons", [Target(_by_rate(mc.COMPLETIONS, "finish_reason"), "{{finish_reason}}")],
+          unit="short", min=0, stack=True, description="Completions per second by finish_reason."),
+    Panel("Accept length (speculative decoding)", [
+        Target(s.accept_length(t.ACCEPT_LENGTH_SHORT_WINDOW, BY_RUN, RM),
+               f"{{{{run}}}} {t.ACCEPT_LENGTH_SHORT_WINDOW}"),
+        Target(f"{t.ACCEPT_LENGTH_DROP_RATIO:g} * {s.accept_length(t.ACCEPT_LENGTH_LONG_WINDOW, BY_RUN, RM)}",
+               f"{{{{run}}}} alert floor ({t.ACCEPT_LENGTH_DROP_RATIO:.0%} of {t.ACCEPT_LENGTH_LONG_WINDOW} avg)"),
+        Target(q.avg_by(("model",), q.sel(mc.ENGINE_SPEC_ACCEPT_LENGTH.prom_name, *M)), "engine-reported {{model}}"),
+    ], min=0, key="accept_length",
+          description="rate(spec output tokens) / rate(verify steps); only requests with speculative decoding."),
+    Panel("Accept length per request p50 / p90", [_quantile(mc.ACCEPT_LENGTH, 0.5), _quantile(mc.ACCEPT_LENGTH, 0.9)],
+          min=0),
+])
+
+LOAD = Row("Latency and load", [
+    Panel("Request latency p50 / p90 / p99", [_quantile(mc.REQUEST_LATENCY, v) for v in (0.5, 0.9, 0.99)],
+          unit="s", min=0),
+    Panel("In-flight requests per replica", [
+        Target(q.sum_by(("replica",), q.sel(mc.INFLIGHT_REQUESTS.prom_name, *M)), "{{replica}}")], min=0),
+    Panel("Engine running / queued per replica", [
+        Target(q.sum_by(("replica",), q.sel(mc.ENGINE_RUNNING_REQUESTS.prom_name, *M)), "running {{replica}}"),
+        Target(q.sum_by(("replica",), q.sel(mc.ENGINE_QUEUED_REQUESTS.prom_name, *M)), "queued {{replica}}"),
+    ], min=0),
+    Panel("Engine KV token usage", [
+        Target(q.max_by(("replica",), q.sel(mc.ENGINE_TOKEN_USAGE.prom_name, *M)), "{{replica}}")],
+          unit="percentunit", min=0, max=1),
+])
+
+ERRORS = Row("Errors", [
+    Panel(f"Failure ratio ({t.FAILURE_WINDOW})", [Target(s.failure_ratio(t.FAILURE_WINDOW, ("run",), RM), "{{run}}")],
+          unit="percentunit", min=0, threshold=t.FAILURE_RATIO_MAX, key="failure_ratio",
+          description="failures / (completions + failures); RaygenFailureRateHigh fires above the line."),
+    Panel("Failures by class", [Target(_by_rate(mc.FAILURES, "error_class"), "{{error_class}}")],
+          min=0, stack=True),
+    Panel("Retries by class", [Target(_by_rate(mc.RETRIES, "error_class"), "{{error_class}}")], min=0, stack=True),
+    Panel("Rejects by reason", [Target(_by_rate(mc.REJECTS, "reason"), "{{reason}}")], min=0, stack=True),
+])
+
+HEALTH = Row("Engine health", [
+    Panel("Engine up", [Target(q.min_by(("model", "replica"), q.sel(mc.ENGINE_UP.prom_name, *M)),
+                               "{{replica}}")],
+          kind="stat", width=16, threshold=1, threshold_below=True, mappings=_UP_DOWN, key="engine_up",
+          description="Per replica. A replica missing here while the job runs is also RaygenEngineDown."),
+    Panel("Replicas reporting", [Target(q.count_by(("model",), q.sel(mc.ENGINE_UP.prom_name, *M)), "{{model}}")],
+          kind="stat", width=8),
+])
+
+ROWS = [PROGRESS, THROUGHPUT, QUALITY, LOAD, ERRORS, HEALTH]
+
+VARIABLES = [
+    g.datasource_variable(),
+    g.query_variable("run", "Run", f"label_values({mc.JOB_RUNNING.prom_name}, run)"),
+    g.query_variable("model", "Model", f'label_values({mc.JOB_RUNNING.prom_name}{{run=~"$run"}}, model)'),
+]
+
+
+def build() -> Tuple[dict, Dict[str, int]]:
+    """The dashboard JSON and ``{panel key: panel id}`` (for alert links)."""
+    return g.dashboard(
+        TITLE, UID, ROWS, VARIABLES, tags=("raygen", "ray"),
+        description="raygen generation run: progress, throughput, truncation, accept length, errors, engine health. "
+                    "Generated by `python -m dashboards.build`; do not edit by hand.",
+    )

@@ -1,0 +1,173 @@
+"""One validated YAML schema for a run: engine, serve, job, storage.
+
+``load_config(path, overrides)`` reads YAML with ``yaml.safe_load``, applies
+``--set dotted.key=value`` overrides (values parsed as YAML), and validates. Unknown
+keys and bad values raise ConfigError naming the dotted key. Cross-field checks catch
+the story's mistakes before any GPU time is spent: a context length that cannot hold
+prompt + budget, a Serve queue too short to fill the engine's batch.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from serve_apps.config import EngineConfig, ServeConfig, StrictModel
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key."""
+
+
+class SamplingConfig(StrictModel):
+    """SGLang sampling params. Only known keys: SGLang >= 0.5.22 rejects unknown ones."""
+
+    temperature: float = Field(0.6, ge=0, description="Qwen3 thinking-mode default.")
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(20, description="-1 = off.")
+    min_p: float = Field(0.0, ge=0, le=1)
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+    def to_sglang(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v not in (None, [])}
+
+
+class RetryConfig(StrictModel):
+    max_attempts: int = Field(4, ge=1, description="Tries per row for transient errors.")
+    backoff_initial_s: float = Field(1.0, ge=0, description="First retry delay; doubles.")
+    backoff_max_s: float = Field(60.0, ge=0, description="Cap on one retry delay.")
+
+
+class BreakerConfig(StrictModel):
+    window_rows: int = Field(200, ge=1, description="Last N finished rows per actor judged.")
+    min_rows: int = Field(50, ge=1, description="No verdict before this many rows.")
+    max_failure_fraction: float = Field(
+        0.5, gt=0, le=1, description="Engine-class failures above this fraction of the window "
+        "stop the job: the fleet is down, do not turn the dataset into failures.")
+
+
+class JobConfig(StrictModel):
+    input: list[str] = Field(description="Prompt files: JSONL or Parquet, local or s3://.")
+    output: str = Field(description="Run prefix parent: local dir or s3://bucket/prefix.")
+    run_name: str = Field(description="Run folder under output; rerun the same to resume.")
+    max_new_tokens: int = Field(8192, ge=1, description="Output budget per prompt.")
+    context_policy: Literal["clamp", "reject"] = Field(
+        "reject", description="When prompt + budget exceed the context: clamp the budget "
+        "(recorded per row) or reject the row into failures/.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    limit: Optional[int] = Field(None, ge=1, description="Only the first N input rows.")
+    min_actors: int = Field(1, ge=1, description="Generation actors (async, autoscaled).")
+    max_actors: int = Field(2, ge=1)
+    inflight_rows_per_actor: int = Field(
+        128, ge=1, description="Requests each actor keeps in flight; total should exceed "
+        "replicas x engine.max_running_requests so every engine stays saturated.")
+    batch_size: int = Field(64, ge=1, description="Rows per Ray Data block/batch into an actor.")
+    max_batches_per_actor: int = Field(
+        8, ge=1, description="Concurrent batches per actor (Ray Data max_concurrency).")
+    rows_per_file: int = Field(256, ge=1, description="Approximate rows per output file.")
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    progress_interval_s: float = Field(5.0, gt=0)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("run_name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not RUN_NAME.match(value):
+            raise ValueError("use letters, digits, '.', '_' or '-' (it becomes a folder name)")
+        return value
+
+
+class StorageConfig(StrictModel):
+    endpoint_url: Optional[str] = Field(
+        None, description="S3-compatible endpoint (MinIO, moto); None = AWS. Credentials come "
+        "from the AWS environment/credential chain, never from this file.")
+    region: str = Field("us-east-1")
+
+
+class RunConfig(StrictModel):
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    job: JobConfig
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+
+    @model_validator(mode="after")
+    def _fits(self) -> "RunConfig":
+        if self.engine.context_length <= self.job.max_new_tokens:
+            raise ValueError(
+                f"engine.context_length ({self.engine.context_length}) cannot hold any prompt "
+                f"plus job.max_new_tokens ({self.job.max_new_tokens}); set context_length to "
+                f"the longest prompt + the budget")
+        if self.serve.max_ongoing_requests < self.engine.max_running_requests:
+            raise ValueError(
+                f"serve.max_ongoing_requests ({self.serve.max_ongoing_requests}) < "
+                f"engine.max_running_requests ({self.engine.max_running_requests}): the "
+                f"engine could never fill its batch")
+        if self.job.min_actors > self.job.max_actors:
+            raise ValueError(f"job.min_actors ({self.job.min_actors}) > job.max_actors "
+                             f"({self.job.max_actors})")
+        return self
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. job.max_new_tokens=8192")
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw else "")
+    return tree
+
+
+def _format(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r:.80})"
+        lines.append(f"  {key}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def parse_config(tree: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, source)) from None
+
+
+def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
+    try:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping with engine/serve/job/storage")
+    return parse_config(apply_overrides(tree, overrides or []), source=path)

@@ -1,0 +1,67 @@
+"""Entry point: ``python -m jobs.generate --config FILE [--set key=value ...]``.
+
+config -> deploy (or attach to) the engine app -> read what the run already holds ->
+stream read/validate/admit/generate/write -> progress.json -> summary. Rerunning the
+same command resumes: only prompts without a durable result are sent.
+Also runs under ``ray job submit --working-dir . -- python -m jobs.generate ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Optional
+
+from jobs.config import ConfigError, load_config
+
+logger = logging.getLogger("raygen")
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs.generate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="run YAML (see jobs/configs/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set job.max_new_tokens=8192")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="reprocess only the rows in <run>/failures/ without a result")
+    parser.add_argument("--continue-truncated", action="store_true",
+                        help="continue every length-truncated row token-exactly")
+    parser.add_argument("--max-total-tokens", type=int, default=None,
+                        help="with --continue-truncated: the new total output budget")
+    return parser.parse_args(argv)
+
+
+class Stopped(Exception):
+    """SIGTERM (e.g. `ray job stop`): stop cleanly, keep everything written."""
+
+
+def _on_sigterm(*_):
+    raise Stopped()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from jobs.run import RunError, run_job  # heavy imports (ray) only after the config is ok
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        summary = run_job(cfg, retry_failed=args.retry_failed,
+                          continue_truncated=args.continue_truncated,
+                          max_total_tokens=args.max_total_tokens, stop_exc=Stopped)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(summary.text)
+    return 0 if summary.status == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

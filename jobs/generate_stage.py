@@ -1,0 +1,91 @@
+"""Send rows to the engine replicas (stage 4 of the job): an async Ray Data actor.
+
+Row contract: reads the validated row (key, id, category, messages, tools, source,
+line, raw, reject_reason); outputs STAGE_OUTPUT rows whose ``_kind`` says where they
+go (data / failures / rejects).
+
+Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
+concurrent batches (a row-level semaphore), so when one row finishes the next one
+starts at once: a slow 8K-token row holds one slot, not its whole batch. Transient
+errors are retried with backoff; permanent ones become failure rows; the breaker
+stops the job when the fleet is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Optional
+
+import pyarrow as pa
+from ray import serve
+from ray.util import metrics
+
+from jobs.retry import REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker, backoff_s, replica_error_class
+from jobs.rows import REJECT_CLASSES, data_row, failure_row, reject_reason_class, reject_row, to_table
+
+
+class GenerateRows:
+    def __init__(self, app_name: str, deployment_name: str, ctx: dict[str, Any]):
+        self.ctx = ctx
+        self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
+        self.retries = ctx["retries"]
+        self.breaker = Breaker(**ctx["breaker"])
+        self._slots: Optional[asyncio.Semaphore] = None
+        tags = ("run", "model")
+        self.m_failures = metrics.Counter("raygen_failures", "Rows failed after retries.",
+                                          tag_keys=tags + ("error_class",))
+        self.m_retries = metrics.Counter("raygen_retries", "Request retries.",
+                                         tag_keys=tags + ("error_class",))
+        self.m_rejects = metrics.Counter("raygen_rejects", "Rejected input rows.",
+                                         tag_keys=tags + ("reason",))
+
+    def _tags(self, **extra: str) -> dict[str, str]:
+        return {"run": self.ctx["run"], "model": self.ctx["model"], **extra}
+
+    def _request(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {"key": row["key"], "run": self.ctx["run"], "category": row["category"],
+                "messages": json.loads(row["messages"]),
+                "tools": json.loads(row["tools"]) if row["tools"] else None,
+                "input_ids": None, "max_new_tokens": self.ctx["max_new_tokens"],
+                "sampling": self.ctx["sampling"], "context_policy": self.ctx["context_policy"]}
+
+    async def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self._slots is None:  # created inside the actor's event loop
+            self._slots = asyncio.Semaphore(self.ctx["inflight_rows_per_actor"])
+        async with self._slots:
+            return await self.handle.generate.remote(request)
+
+    async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
+        if row["reject_reason"]:
+            self.m_rejects.inc(1, self._tags(reason=reject_reason_class(row["reject_reason"])))
+            return reject_row(row, row["reject_reason"])
+        request, attempt = self._request(row), 0
+        while True:
+            attempt += 1
+            try:
+                result = await self._call(request)
+                error_class, retryable = result["error_class"], bool(result["retryable"])
+                message, replica = result["error_message"], result["replica"]
+            except REPLICA_ERRORS as exc:
+                result, error_class, retryable = None, replica_error_class(exc), True
+                message, replica = f"{type(exc).__name__}: {exc}", None
+            if error_class is None:
+                self.breaker.record(False)
+                return data_row(row, result, self.ctx, attempt)
+            if retryable and attempt < self.retries["max_attempts"]:
+                self.m_retries.inc(1, self._tags(error_class=error_class))
+                await asyncio.sleep(backoff_s(attempt, self.retries["backoff_initial_s"],
+                                              self.retries["backoff_max_s"]))
+                continue
+            if error_class in REJECT_CLASSES:
+                self.m_rejects.inc(1, self._tags(reason=error_class))
+            else:
+                self.m_failures.inc(1, self._tags(error_class=error_class))
+            self.breaker.record(error_class not in ROW_ERROR_CLASSES)
+            return failure_row(row, error_class, message, retryable, attempt, self.ctx,
+                               replica)
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        outs = await asyncio.gather(*(self._one(r) for r in batch.to_pylist()))
+        return to_table(outs)

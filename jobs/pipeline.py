@@ -1,0 +1,62 @@
+"""The job's Ray Data chain: read -> validate -> admit -> generate -> write.
+
+Each stage states the columns it reads and adds in its own module. Generation runs
+in an autoscaled pool of async actors (``concurrency=(min, max)``); Ray Data's
+streaming executor keeps memory flat and back-pressures the read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import ray.data
+
+from jobs.config import RunConfig
+from jobs.generate_stage import GenerateRows
+from jobs.ledger import admit_batch
+from jobs.rows import settings_hash
+from jobs.sink import RunSink
+from jobs.sources import PromptFiles
+from jobs.storage import Location
+from jobs.validate import validate_batch
+
+# Every stage is I/O-bound or light: reserving whole CPUs would let the read and
+# validate tasks starve the writer (rows then wait in memory instead of on storage).
+LIGHT_CPU = 0.1
+
+
+def stage_context(cfg: RunConfig) -> dict[str, Any]:
+    """Everything a generate actor needs, as plain data (shipped to every actor)."""
+    sampling = cfg.job.sampling.to_sglang()
+    import json
+    return {
+        "run": cfg.job.run_name, "model": cfg.engine.model_name,
+        "max_new_tokens": cfg.job.max_new_tokens, "context_policy": cfg.job.context_policy,
+        "sampling": sampling, "sampling_json": json.dumps(sampling, sort_keys=True),
+        "settings_hash": settings_hash(cfg.engine.model_name, sampling),
+        "inflight_rows_per_actor": cfg.job.inflight_rows_per_actor,
+        "retries": cfg.job.retries.model_dump(), "breaker": cfg.job.breaker.model_dump(),
+    }
+
+
+def build(cfg: RunConfig, inputs: list[Location], ledger, run_uri: str) -> ray.data.Dataset:
+    job = cfg.job
+    ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size),
+                                  ray_remote_args={"num_cpus": LIGHT_CPU})
+    ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
+                        num_cpus=LIGHT_CPU)
+    ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
+                        fn_kwargs={"ledger": ledger}, num_cpus=LIGHT_CPU)
+    ds = ds.map_batches(
+        GenerateRows, batch_format="pyarrow", batch_size=job.batch_size,
+        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name,
+                             stage_context(cfg)),
+        concurrency=(job.min_actors, job.max_actors),
+        max_concurrency=job.max_batches_per_actor, num_cpus=LIGHT_CPU)
+    return ds
+
+
+def write(ds: ray.data.Dataset, cfg: RunConfig, run_uri: str) -> None:
+    ds.write_datasink(RunSink(run_uri, cfg.storage, cfg.job.rows_per_file),
+                      ray_remote_args={"num_cpus": LIGHT_CPU})

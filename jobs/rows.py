@@ -1,0 +1,88 @@
+"""Turn one request's outcome into a row for data/, failures/ or rejects/.
+
+Pure functions, shared by the generate stage and continuation, so both write the
+same columns (jobs/schema.py) the same way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from typing import Any, Optional
+
+import pyarrow as pa
+
+from jobs.schema import STAGE_OUTPUT
+
+REJECT_CLASSES = {"context_overflow"}  # input problems: rejects/, not failures/
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chatml-think") -> str:
+    blob = json.dumps({"model": model, "sampling": sampling, "chat": chat_format},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def repetition_ratio(ids: list[int], n: int = 4) -> float:
+    """Share of n-grams in the output that repeat an earlier one (0 = none, ~1 = loop)."""
+    total = len(ids) - n + 1
+    if total <= 0:
+        return 0.0
+    seen = {tuple(ids[i:i + n]) for i in range(total)}
+    return 1.0 - len(seen) / total
+
+
+def data_row(row: dict[str, Any], result: dict[str, Any], ctx: dict[str, Any],
+             attempts: int) -> dict[str, Any]:
+    out = {k: result.get(k) for k in (
+        "reasoning", "answer", "finished_thinking", "prompt_token_ids", "output_token_ids",
+        "finish_reason", "matched_stop", "prompt_tokens", "completion_tokens",
+        "cached_tokens", "reasoning_tokens", "max_new_tokens", "effective_max_new_tokens",
+        "budget_clamped_by", "spec_verify_ct", "accept_length", "latency_s", "replica")}
+    out.update(
+        _kind="data", key=row["key"], id=row["id"], version=0, category=row["category"],
+        messages=row["messages"], tools=row["tools"],
+        budget_history=[result["max_new_tokens"]], continuations=0,
+        repetition_ratio=repetition_ratio(result["output_token_ids"]),
+        attempts=attempts, model=ctx["model"], sampling=ctx["sampling_json"],
+        settings_hash=ctx["settings_hash"], created_at=now())
+    return out
+
+
+def failure_row(row: dict[str, Any], error_class: str, message: str, retryable: bool,
+                attempts: int, ctx: dict[str, Any], replica: Optional[str] = None) -> dict:
+    if error_class in REJECT_CLASSES:
+        return reject_row(row, f"{error_class}: {message}")
+    return {"_kind": "failures", "key": row["key"], "id": row["id"],
+            "category": row["category"], "messages": row["messages"], "tools": row["tools"],
+            "source": row["source"], "line": row["line"], "error_class": error_class,
+            "error_message": message[:2000], "retryable": retryable, "attempts": attempts,
+            "replica": replica, "settings_hash": ctx["settings_hash"], "failed_at": now()}
+
+
+def reject_row(row: dict[str, Any], reason: str) -> dict[str, Any]:
+    return {"_kind": "rejects", "source": row["source"], "line": row["line"],
+            "key": row.get("key"), "id": row.get("id"), "reason": reason,
+            "raw": (row.get("raw") or row.get("messages") or "")[:2000],
+            "rejected_at": now()}
+
+
+def reject_reason_class(reason: str) -> str:
+    """Bounded label for the rejects metric."""
+    if reason.startswith("duplicate id"):
+        return "duplicate_id"
+    if reason.startswith("context_overflow"):
+        return "context_overflow"
+    if reason.startswith("not valid JSON"):
+        return "invalid_json"
+    return "invalid_row"
+
+
+def to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    cols = {name: [r.get(name) for r in rows] for name in STAGE_OUTPUT.names}
+    return pa.table(cols, schema=STAGE_OUTPUT)

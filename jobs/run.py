@@ -1,0 +1,153 @@
+"""Run a generation job end to end (called by jobs/generate.py after config checks)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pyarrow.compute as pc
+
+from jobs.config import RunConfig
+from jobs.run_store import RunStore
+from jobs.storage import Location, locate
+
+logger = logging.getLogger("raygen")
+
+
+class RunError(RuntimeError):
+    """The run cannot start or had to stop; the message says what to do next."""
+
+
+@dataclass
+class Summary:
+    status: str
+    progress: dict[str, Any]
+    text: str
+
+
+@dataclass
+class RunState:
+    """What the run's own files already hold (the only resume state there is)."""
+
+    done: set[str]
+    failed: set[str]
+    rejected: set[str]
+    first_budgets: dict[tuple[str, int], int]  # (settings_hash, first budget) -> rows
+
+    @classmethod
+    def read(cls, store: RunStore) -> "RunState":
+        data = store.read_kind("data", ["key", "settings_hash", "budget_history"])
+        budgets: dict[tuple[str, int], int] = {}
+        for sh, hist in zip(data.column("settings_hash").to_pylist(),
+                            data.column("budget_history").to_pylist()):
+            budgets[(sh, hist[0])] = budgets.get((sh, hist[0]), 0) + 1
+        rej = store.read_kind("rejects", ["source", "line"])
+        return cls(
+            done=set(data.column("key").to_pylist()),
+            failed=set(store.read_kind("failures", ["key"]).column("key").to_pylist()),
+            rejected={f"{s}:{n}" for s, n in zip(rej.column("source").to_pylist(),
+                                                 rej.column("line").to_pylist())},
+            first_budgets=budgets)
+
+
+def check_settings(state: RunState, settings_hash: str, budget: int, run: str) -> None:
+    """Refuse to mix budgets or sampling settings inside one run (the story's bug)."""
+    others = {k: n for k, n in state.first_budgets.items() if k != (settings_hash, budget)}
+    if not others:
+        return
+    (other_hash, other_budget), rows = max(others.items(), key=lambda kv: kv[1])
+    raise RunError(
+        f"run {run!r} already holds {rows} rows generated with max_new_tokens="
+        f"{other_budget} (settings {other_hash}); this config asks max_new_tokens={budget} "
+        f"(settings {settings_hash}). Resuming would mix budgets and leave the earlier rows "
+        f"under the old one. To give truncated rows a larger budget run "
+        f"`python -m jobs.generate --config ... --continue-truncated --max-total-tokens "
+        f"{budget}`; for different settings use a new job.run_name.")
+
+
+def input_locations(cfg: RunConfig) -> list[Location]:
+    locs = [locate(uri, cfg.storage) for uri in cfg.job.input]
+    for loc in locs:
+        info = loc.fs.get_file_info(loc.path)
+        if info.type.name != "File":
+            raise RunError(f"job.input {loc.uri!r} does not exist (or is not a file)")
+    return locs
+
+
+def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def summary_text(store: RunStore, snap: dict[str, Any]) -> str:
+    data = store.read_kind("data", ["key", "version", "finish_reason"])
+    reasons = pc.value_counts(data.column("finish_reason")).to_pylist() if data.num_rows else []
+    mix = ", ".join(f"{r['values']}={r['counts']}" for r in reasons) or "none"
+    return "\n".join([
+        f"run {snap['run']}: {snap['status']}",
+        f"  output:    {store.uri}/data/",
+        f"  rows:      {snap['completed']} done of {snap['total']} "
+        f"({snap['failed']} failed, {snap['rejected']} rejected)",
+        f"  finish:    {mix}  (truncated {100 * snap['truncated_fraction']:.1f}%)",
+        f"  tokens:    {snap['output_tokens']} output, mean {snap['mean_output_tokens']}",
+        f"  wall:      {snap['elapsed_s']} s, {snap['completed'] / max(snap['elapsed_s'], 1e-9):.1f}"
+        f" rows/s, {snap['output_tokens'] / max(snap['elapsed_s'], 1e-9):.0f} output tok/s "
+        f"(this session, incl. rows from earlier sessions)",
+        f"  progress:  {store.uri}/progress.json",
+    ])
+
+
+def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
+            max_total_tokens: Optional[int], stop_exc: type) -> Summary:
+    import ray
+
+    from jobs import pipeline
+    from jobs.job_metrics import JobGauges
+    from jobs.ledger import KeyLedger
+    from jobs.progress import ProgressTracker
+    from jobs.retry import CircuitOpen
+    from jobs.sources import count_rows
+    from serve_apps.app import deploy_or_attach
+
+    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+    inputs = input_locations(cfg)
+    ctx = pipeline.stage_context(cfg)
+    state = RunState.read(store)
+    if not continue_truncated:
+        check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name)
+    ray.init(ignore_reinit_error=True, log_to_driver=True)
+    deploy_or_attach(cfg.engine, cfg.serve)
+    if continue_truncated:
+        from jobs.continuation import continue_run
+        return continue_run(cfg, store, max_total_tokens, stop_exc)
+    total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+    ledger = KeyLedger.remote(state.done, state.failed, state.rejected, retry_failed)
+    progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
+                               cfg.job.progress_interval_s,
+                               JobGauges(cfg.job.run_name, cfg.engine.model_name)).start()
+    status, error = "failed", None
+    try:
+        pipeline.write(pipeline.build(cfg, inputs, ledger, store.uri), cfg, store.uri)
+        status = "succeeded"
+    except stop_exc:
+        status = "stopped"
+    except Exception as exc:  # noqa: BLE001 - reported below with the cause
+        breaker = find_cause(exc, CircuitOpen)
+        error = str(breaker) if breaker else f"{type(exc).__name__}: {exc}"
+        logger.error("run failed: %s", error)
+    finally:
+        snap = progress.stop(status)
+        ray.kill(ledger)
+    if snap["failed"] and status == "succeeded":
+        logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
+                       snap["failed"], store.uri)
+    text = summary_text(store, snap)
+    if error:
+        raise RunError(f"{error}\n{text}")
+    return Summary(status, snap, text)

@@ -1,0 +1,116 @@
+"""Validate raw prompt rows and give each a stable key (stage 2 of the job).
+
+Row contract: reads ``source, line, raw``; adds ``key, id, category, messages, tools``
+(messages/tools re-serialised as canonical JSON) and ``reject_reason`` (None when
+valid). Invalid rows are not dropped: they flow on and are written to rejects/ with
+their line and the reason, naming the offending field.
+
+Key: the input ``id`` (any string; it is data, never a path) or, without one, a hash of
+the canonical prompt (messages + tools), so reruns find the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Optional
+
+import pyarrow as pa
+
+ROLES = ("system", "user", "assistant", "tool")
+VALIDATED = pa.schema([
+    ("source", pa.string()), ("line", pa.int64()), ("raw", pa.string()),
+    ("key", pa.string()), ("id", pa.string()), ("category", pa.string()),
+    ("messages", pa.string()), ("tools", pa.string()), ("reject_reason", pa.string()),
+])
+
+
+class RowError(ValueError):
+    """The row is invalid; the message names the field."""
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def prompt_key(messages: list[dict], tools: Optional[list[dict]]) -> str:
+    digest = hashlib.sha256(canonical_json({"messages": messages, "tools": tools}).encode())
+    return "sha256:" + digest.hexdigest()[:32]
+
+
+def _check_message(i: int, msg: Any) -> None:
+    where = f"messages[{i}]"
+    if not isinstance(msg, dict):
+        raise RowError(f"{where} must be an object, got {type(msg).__name__}")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise RowError(f"{where}.role {role!r} is not one of {', '.join(ROLES)}")
+    content = msg.get("content")
+    if content is None and role == "assistant" and msg.get("tool_calls"):
+        return
+    if not isinstance(content, str):
+        raise RowError(f"{where}.content must be a string, got {type(content).__name__}")
+    if "tool_calls" in msg and not isinstance(msg["tool_calls"], list):
+        raise RowError(f"{where}.tool_calls must be a list")
+
+
+def _check_id(row: dict) -> Optional[str]:
+    if "id" not in row or row["id"] is None:
+        return None
+    value = row["id"]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise RowError(f"id must be a string or integer, got {type(value).__name__}")
+    value = str(value)
+    if not value.strip():
+        raise RowError("id is empty")
+    return value
+
+
+def parse_row(raw: str) -> dict[str, Any]:
+    """raw line -> {key, id, category, messages, tools}; raises RowError."""
+    try:
+        row = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RowError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(row, dict):
+        raise RowError(f"a row must be a JSON object, got {type(row).__name__}")
+    messages = row.get("messages")
+    if messages is None:
+        raise RowError("missing 'messages'")
+    if not isinstance(messages, list):
+        raise RowError(f"'messages' must be a list, got {type(messages).__name__}")
+    if not messages:
+        raise RowError("'messages' is empty")
+    for i, msg in enumerate(messages):
+        _check_message(i, msg)
+    if messages[-1]["role"] not in ("user", "tool"):
+        raise RowError(f"the last message must be from user or tool to prompt a reply, "
+                       f"got {messages[-1]['role']!r}")
+    tools = row.get("tools")
+    if tools is not None and (not isinstance(tools, list)
+                              or not all(isinstance(t, dict) for t in tools)):
+        raise RowError("'tools' must be a list of objects")
+    category = row.get("category")
+    if category is not None and not isinstance(category, str):
+        raise RowError(f"category must be a string, got {type(category).__name__}")
+    row_id = _check_id(row)
+    return {"key": row_id if row_id is not None else prompt_key(messages, tools or None),
+            "id": row_id, "category": category or "none",
+            "messages": canonical_json(messages),
+            "tools": canonical_json(tools) if tools else None}
+
+
+def validate_batch(batch: pa.Table) -> pa.Table:
+    cols: dict[str, list] = {name: [] for name in VALIDATED.names}
+    for source, line, raw in zip(*(batch.column(c).to_pylist()
+                                   for c in ("source", "line", "raw"))):
+        try:
+            parsed, reason = parse_row(raw), None
+        except RowError as exc:
+            parsed, reason = {}, str(exc)
+        for name, value in (("source", source), ("line", line), ("raw", raw),
+                            ("reject_reason", reason)):
+            cols[name].append(value)
+        for name in ("key", "id", "category", "messages", "tools"):
+            cols[name].append(parsed.get(name))
+    return pa.table(cols, schema=VALIDATED)

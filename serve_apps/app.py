@@ -1,0 +1,70 @@
+"""Build, deploy or attach to the engine Serve application from config."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from serve_apps.config import EngineConfig, ServeConfig
+from serve_apps.engine_deployment import EngineReplica
+
+logger = logging.getLogger("raygen")
+
+
+def deployment_options(engine: EngineConfig, cfg: ServeConfig) -> dict[str, Any]:
+    gpus = cfg.num_gpus_per_replica
+    if gpus is None:
+        gpus = 1 if engine.kind == "sglang" else 0
+    scaling = cfg.autoscaling
+    return {
+        "name": cfg.deployment_name,
+        "max_ongoing_requests": cfg.max_ongoing_requests,
+        "autoscaling_config": {
+            "min_replicas": scaling.min_replicas,
+            "initial_replicas": max(scaling.min_replicas, 1),
+            "max_replicas": scaling.max_replicas,
+            "target_ongoing_requests": scaling.target_ongoing_requests,
+            "upscale_delay_s": scaling.upscale_delay_s,
+            "downscale_delay_s": scaling.downscale_delay_s,
+        },
+        "ray_actor_options": {"num_cpus": cfg.num_cpus_per_replica, "num_gpus": gpus},
+        "health_check_period_s": cfg.health_check_period_s,
+        "health_check_timeout_s": cfg.health_check_timeout_s,
+        "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
+        # One access-log line per row drowns the engine's own log at 900K rows.
+        "logging_config": {"enable_access_log": False},
+    }
+
+
+def build_app(engine: EngineConfig, cfg: ServeConfig) -> serve.Application:
+    options = deployment_options(engine, cfg)
+    return EngineReplica.options(**options).bind(engine.model_dump(mode="json"))
+
+
+def _running_handle(cfg: ServeConfig) -> DeploymentHandle | None:
+    status = serve.status().applications.get(cfg.app_name)
+    if status is None or status.status != "RUNNING":
+        return None
+    return serve.get_app_handle(cfg.app_name)
+
+
+def deploy_or_attach(engine: EngineConfig, cfg: ServeConfig) -> DeploymentHandle:
+    """Attach to a running app with the same engine, else (re)deploy it and wait."""
+    serve.start(proxy_location="Disabled")
+    if cfg.reuse_running_app:
+        handle = _running_handle(cfg)
+        if handle is not None:
+            info = handle.info.remote().result()
+            if (info["model"], info["context_length"]) == (engine.model_name,
+                                                           engine.context_length):
+                logger.info("attached to running Serve app %r (%s)", cfg.app_name, info["model"])
+                return handle
+            logger.warning("running app %r serves %s/ctx %s, config wants %s/ctx %s: "
+                           "redeploying", cfg.app_name, info["model"], info["context_length"],
+                           engine.model_name, engine.context_length)
+    logger.info("deploying Serve app %r (%s engine, %s)", cfg.app_name, engine.kind,
+                engine.model_name)
+    return serve.run(build_app(engine, cfg), name=cfg.app_name, route_prefix=None)

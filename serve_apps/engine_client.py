@@ -1,0 +1,134 @@
+"""HTTP client for SGLang's native API, shared by SGLang and the simulator.
+
+Errors become typed exceptions by status code and exception type (never by message
+text): connection problems and 503 -> EngineUnavailable (retry), other 5xx ->
+EngineServerError (retry, bounded), 4xx -> EngineBadRequest (record, do not retry).
+
+``parse_meta`` reads meta_info across SGLang versions: speculative fields were renamed
+(0.5.5 ``spec_accept_length``; later ``spec_accept_rate``/``spec_num_correct_drafts``);
+only ``spec_verify_ct`` is stable, so accept length is always completion_tokens /
+spec_verify_ct, and aggregates are sum(tokens) / sum(verify), never a mean of ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import aiohttp
+
+from serve_apps.errors import EngineBadRequest, EngineServerError, EngineUnavailable
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    text: str
+    output_ids: list[int]
+    finish_reason: str            # "stop" | "length" | "abort"
+    matched_stop: Optional[str]   # the stop string, or the stop token id as text
+    finish_length: Optional[int]  # the budget SGLang says it enforced (length finishes)
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    reasoning_tokens: Optional[int]
+    spec_verify_ct: Optional[int]
+    e2e_latency_s: Optional[float]
+
+
+def parse_meta(body: dict[str, Any]) -> EngineOutput:
+    """One /generate response body -> EngineOutput (any SGLang 0.5.5 .. 0.5.23 shape)."""
+    meta = body.get("meta_info") or {}
+    finish = meta.get("finish_reason") or {}
+    if isinstance(finish, str):  # very old servers sent a bare string
+        finish = {"type": finish}
+    kind = finish.get("type") or "abort"
+    matched = finish.get("matched")
+    output_ids = list(body.get("output_ids") or [])
+    completion = int(meta.get("completion_tokens", len(output_ids)))
+    verify = meta.get("spec_verify_ct")
+    return EngineOutput(
+        text=body.get("text") or "",
+        output_ids=output_ids,
+        finish_reason=kind if kind in ("stop", "length", "abort") else "abort",
+        matched_stop=None if matched is None else str(matched),
+        finish_length=finish.get("length"),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        completion_tokens=completion,
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+        reasoning_tokens=meta.get("reasoning_tokens"),
+        spec_verify_ct=int(verify) if verify else None,
+        e2e_latency_s=meta.get("e2e_latency"),
+    )
+
+
+def _error_message(status: int, payload: Union[dict, str]) -> str:
+    if isinstance(payload, dict):
+        msg = payload.get("message") or payload.get("error") or payload
+        if isinstance(msg, dict):
+            msg = msg.get("message", msg)
+        return f"HTTP {status}: {msg}"
+    return f"HTTP {status}: {str(payload)[:500]}"
+
+
+class EngineClient:
+    def __init__(self, base_url: str, request_timeout_s: float, max_connections: int = 1024):
+        self.base_url = base_url
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._max_connections = max_connections
+        self._session: Optional[aiohttp.ClientSession] = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=self._max_connections))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _request(self, method: str, path: str, json: Optional[dict] = None) -> Any:
+        try:
+            async with self._get_session().request(method, self.base_url + path,
+                                                   json=json) as resp:
+                if resp.content_type == "application/json":
+                    payload = await resp.json()
+                else:
+                    payload = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise EngineUnavailable(f"{type(exc).__name__} calling {path}: {exc}") from exc
+        if status == 200:
+            return payload
+        message = _error_message(status, payload)
+        if status == 503:
+            raise EngineUnavailable(message)
+        if status >= 500:
+            raise EngineServerError(message)
+        raise EngineBadRequest(message)
+
+    async def generate(self, input_ids: list[int], sampling: dict[str, Any],
+                       rid: str) -> EngineOutput:
+        body = {"input_ids": input_ids, "sampling_params": sampling, "rid": rid,
+                "stream": False}
+        return parse_meta(await self._request("POST", "/generate", json=body))
+
+    async def tokenize(self, text: str) -> list[int]:
+        payload = await self._request("POST", "/tokenize",
+                                      json={"prompt": text, "add_special_tokens": False})
+        return list(payload["tokens"])
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._request("GET", "/server_info")
+
+    async def metrics_text(self) -> str:
+        return await self._request("GET", "/metrics")
+
+    async def healthy(self) -> bool:
+        try:
+            await self._request("GET", "/health")
+            return True
+        except (EngineUnavailable, EngineServerError, EngineBadRequest):
+            return False

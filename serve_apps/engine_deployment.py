@@ -1,0 +1,111 @@
+"""The Serve deployment: one replica = one engine process (one GPU for SGLang).
+
+The replica starts its engine in ``__init__`` (blocking until /health, bounded by
+``start_timeout_s``), answers Serve's ``check_health`` from the engine (a dead engine
+raises, so Serve replaces the replica), relays the engine's gauges to Ray metrics,
+and kills the engine's process group on shutdown. Requests: ``generate`` takes one
+prompt; ``generate_many`` takes a few and streams each result back as it finishes
+(one handle call per chunk costs far less control-plane CPU than one per row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, AsyncIterator
+
+from ray import serve
+
+from serve_apps.config import EngineConfig
+from serve_apps.engine_client import EngineClient
+from serve_apps.engine_process import EngineProcess, free_port
+from serve_apps.engines import launch_command
+from serve_apps.errors import EngineDead
+from serve_apps.generation import Generator
+from serve_apps.replica_metrics import ReplicaMetrics
+
+logger = logging.getLogger("ray.serve")
+RELAY_PERIOD_S = 5.0
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Serve (unit tests): a stable local name
+        return f"local-{os.getpid()}"
+
+
+@serve.deployment
+class EngineReplica:
+    def __init__(self, engine_config: dict[str, Any]):
+        self.cfg = EngineConfig.model_validate(engine_config)
+        self.replica_id = _replica_id()
+        host, port = "127.0.0.1", free_port()
+        self.engine = EngineProcess(launch_command(self.cfg, host, port, free_port()),
+                                    host, port, name=f"engine[{self.replica_id}]")
+        self.engine.start()
+        self.engine.wait_ready(self.cfg.start_timeout_s)
+        self.client = EngineClient(self.engine.base_url, self.cfg.request_timeout_s)
+        self.generator = Generator(self.client, self.cfg.context_length,
+                                   self.cfg.think_end_token, self.replica_id,
+                                   engine_alive=self.engine.is_alive)
+        self.metrics = ReplicaMetrics(self.cfg.model_name)
+        self._inflight = 0
+        self._relay_task: asyncio.Task | None = None
+
+    def _ensure_relay(self) -> None:
+        if self._relay_task is None:  # needs the replica's running event loop
+            self._relay_task = asyncio.get_running_loop().create_task(self._relay_loop())
+
+    async def _relay_loop(self) -> None:
+        while True:
+            try:
+                up = await self.client.healthy()
+                text = await self.client.metrics_text() if up else ""
+                self.metrics.relay_engine(text, up)
+            except Exception as exc:  # a metrics hiccup must never hurt generation
+                logger.warning("engine metrics relay failed: %s", exc)
+            await asyncio.sleep(RELAY_PERIOD_S)
+
+    async def info(self) -> dict[str, Any]:
+        self._ensure_relay()
+        return {"replica": self.replica_id, "model": self.cfg.model_name,
+                "context_length": self.cfg.context_length, "engine_pid": self.engine.pid,
+                "engine_url": self.engine.base_url,
+                "max_running_requests": self.cfg.max_running_requests,
+                "server_info": await self.client.server_info()}
+
+    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._ensure_relay()
+        self._inflight += 1
+        self.metrics.set_inflight(self._inflight)
+        try:
+            result = await self.generator.generate(request)
+        finally:
+            self._inflight -= 1
+            self.metrics.set_inflight(self._inflight)
+        self.metrics.record(request, result)
+        return result
+
+    async def generate_many(self, requests: list[dict[str, Any]]) -> AsyncIterator[dict]:
+        """Stream results in completion order (callers match them by ``key``)."""
+        tasks = [asyncio.ensure_future(self.generate(r)) for r in requests]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                yield await next_done
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def check_health(self) -> None:
+        if not self.engine.is_alive():
+            raise EngineDead(f"engine exited with code {self.engine.returncode()}:\n"
+                             f"{self.engine.last_lines()}")
+        if not await self.client.healthy():
+            raise EngineDead(f"engine at {self.engine.base_url} fails /health")
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.stop()

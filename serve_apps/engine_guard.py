@@ -1,0 +1,70 @@
+"""Tiny supervisor between a replica and its engine process.
+
+``python -m serve_apps.engine_guard --parent-pid PID -- <engine command...>``
+
+The replica starts this guard in a new session (so guard + engine + the engine's own
+workers form one process group). The guard runs the engine and kills the whole group
+when the replica disappears, even by SIGKILL, when no ``__del__`` can run. Without it,
+a killed replica leaves an engine holding its GPU: the next replica then OOMs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+POLL_S = 0.5
+GRACE_S = 10.0
+
+
+def _parent_alive(pid: int) -> bool:
+    if os.getppid() != pid:  # re-parented: the replica is gone
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # our own killpg must not re-enter
+    try:
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + GRACE_S
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(os.getpgid(0), signal.SIGKILL)  # also ends the guard itself
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no engine command after --")
+    child = subprocess.Popen(command)  # same process group as the guard
+    signal.signal(signal.SIGTERM, lambda *_: _kill_group(child))
+    while True:
+        code = child.poll()
+        if code is not None:
+            return code
+        if not _parent_alive(args.parent_pid):
+            print(f"engine_guard: replica {args.parent_pid} is gone; stopping the engine",
+                  flush=True)
+            _kill_group(child)
+        time.sleep(POLL_S)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

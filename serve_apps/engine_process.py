@@ -1,0 +1,122 @@
+"""One class owns an engine process's whole life: start, wait ready, watch, stop.
+
+- Launched through ``engine_guard`` in its own session on 127.0.0.1 and a free port,
+  so stopping kills the whole process group and a SIGKILLed replica leaves no orphan.
+- ``wait_ready`` polls /health with a deadline and stops waiting the moment the child
+  exits, quoting its last log lines (the usual cause: OOM, bad flag, missing weights).
+- The engine's stdout/stderr are relayed line by line to this process's log.
+- ``stop`` is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Optional
+
+from serve_apps.errors import EngineStartError
+
+logger = logging.getLogger("raygen.engine")
+
+_TAIL_LINES = 80
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class EngineProcess:
+    def __init__(self, command: list[str], host: str, port: int, name: str = "engine"):
+        self.command, self.host, self.port, self.name = command, host, port, name
+        self._proc: Optional[subprocess.Popen] = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._relay: Optional[threading.Thread] = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        guard = [sys.executable, "-m", "serve_apps.engine_guard",
+                 "--parent-pid", str(os.getpid()), "--"]
+        logger.info("starting %s: %s", self.name, " ".join(self.command))
+        self._proc = subprocess.Popen(
+            guard + self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+        self._relay = threading.Thread(target=self._relay_output, daemon=True,
+                                       name=f"{self.name}-log")
+        self._relay.start()
+
+    def _relay_output(self) -> None:
+        assert self._proc and self._proc.stdout
+        for line in self._proc.stdout:
+            line = line.rstrip()
+            self._tail.append(line)
+            logger.info("[%s] %s", self.name, line)
+
+    def returncode(self) -> Optional[int]:
+        return self._proc.poll() if self._proc else None
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def last_lines(self, n: int = 30) -> str:
+        return "\n".join(list(self._tail)[-n:])
+
+    def wait_ready(self, timeout_s: float, poll_s: float = 0.25) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.is_alive():
+                raise EngineStartError(
+                    f"{self.name} exited with code {self.returncode()} while starting. "
+                    f"Last output:\n{self.last_lines()}")
+            if self.health_ok(timeout_s=2.0):
+                logger.info("%s ready on %s (pid %s)", self.name, self.base_url, self.pid)
+                return
+            time.sleep(poll_s)
+        self.stop()
+        raise EngineStartError(
+            f"{self.name} not healthy after {timeout_s:.0f}s on {self.base_url}; raise "
+            f"engine.start_timeout_s if the model is still loading. Last output:\n"
+            f"{self.last_lines()}")
+
+    def health_ok(self, timeout_s: float = 5.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=timeout_s) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        self._signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self._signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=5)
+        logger.info("%s stopped (pid %s)", self.name, proc.pid)
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)  # the guard leads the group: engine + workers
+        except ProcessLookupError:
+            pass

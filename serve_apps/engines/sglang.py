@@ -1,0 +1,59 @@
+"""The real engine: ``python -m sglang.launch_server`` built from EngineConfig.
+
+Kept thin on purpose: this module only turns config into argv. Everything after the
+HTTP call is shared with the simulator (serve_apps/engine_client.py) and therefore
+tested on CPU. tests/unit/test_sglang_contract.py parses every command this can
+build with SGLang 0.5.23's own argument parser, so a renamed flag fails CI.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serve_apps.config import EngineConfig
+
+
+def _flag(name: str) -> str:
+    return name if name.startswith("--") else f"--{name.replace('_', '-')}"
+
+
+def build_command(cfg: "EngineConfig", host: str, port: int, nccl_port: int,
+                  python: str = sys.executable) -> list[str]:
+    args: list[str] = [
+        python, "-m", "sglang.launch_server",
+        "--model-path", cfg.model_path,
+        "--host", host, "--port", str(port),
+        "--nccl-port", str(nccl_port),
+        # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU: it is GPU 0 here.
+        "--base-gpu-id", "0", "--tp-size", "1",
+        "--context-length", str(cfg.context_length),
+        # Always explicit: with speculative decoding SGLang silently picks 48 otherwise.
+        "--max-running-requests", str(cfg.max_running_requests),
+    ]
+    if cfg.served_model_name:
+        args += ["--served-model-name", cfg.served_model_name]
+    if cfg.mem_fraction_static is not None:
+        args += ["--mem-fraction-static", str(cfg.mem_fraction_static)]
+    if cfg.max_mamba_cache_size is not None:
+        args += ["--max-mamba-cache-size", str(cfg.max_mamba_cache_size)]
+    if cfg.reasoning_parser:
+        args += ["--reasoning-parser", cfg.reasoning_parser]
+    if cfg.tool_call_parser:
+        args += ["--tool-call-parser", cfg.tool_call_parser]
+    if cfg.speculative is not None:
+        spec = cfg.speculative
+        args += ["--speculative-algorithm", spec.algorithm,
+                 "--speculative-num-steps", str(spec.num_steps),
+                 "--speculative-eagle-topk", str(spec.eagle_topk),
+                 "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+    if cfg.enable_metrics:
+        args.append("--enable-metrics")
+    for name, value in cfg.extra_args.items():
+        if value is None or value is False:
+            continue
+        args.append(_flag(name))
+        if value is not True:
+            args.append(str(value))
+    return args

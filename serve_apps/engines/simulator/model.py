@@ -1,0 +1,252 @@
+"""Deterministic generation model of the simulated engine. Pure functions, no I/O.
+
+Design decisions:
+- Prompt boundary: the prompt "core" is the input up to and including the
+  LAST "<|im_start|>assistant\\n" (the whole input if absent). Everything
+  after it is the response *stream*: stream positions 0-1 are "<think>\\n",
+  whether the chat template put them in the prompt or the model generates
+  them. So a prompt ending in "<think>\\n" and a continuation whose earlier
+  output started with "<think>\\n" land on the same stream positions and the
+  same tokens; continuation never shifts the prompt hash.
+- Per-prompt plan from blake2b(core ids): natural length L (lognormal via
+  inverse CDF; L counts stream tokens and includes the EOS), the </think>
+  position (0.6-0.9 of L) and the request's speculative accept length.
+- Next-token rule: a 64-bit FNV-1a style rolling hash over ids (seeded by the
+  core digest) picks a word; structural positions (<think>, </think>, "\\n\\n",
+  EOS at L-1) are fixed by stream position. Each token is thus a function of
+  the token prefix alone, so continuing from prompt + first k output tokens
+  reproduces tokens k.. of a single long run exactly.
+- Speed: the whole output is generated at admission in tight word loops
+  between the few structural positions (well under 1 us per token in CPython).
+- Finish order mirrors SGLang's Req.check_finished: length first, then EOS /
+  stop_token_ids (skipped with ignore_eos), then stop strings.
+- min_new_tokens defers the EOS and ignores stop matches before that many
+  tokens (SGLang masks stop tokens there).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass
+from hashlib import blake2b
+from itertools import accumulate
+from statistics import NormalDist
+from typing import Any, Sequence
+
+from serve_apps.engines.simulator import tokenizer as tk
+
+FNV_PRIME = 0x100000001B3
+MASK64 = (1 << 64) - 1
+MIN_LENGTH_TOKENS = 8  # room for "<think>\n", one thought, "</think>\n\n", one word, EOS
+MAX_LENGTH_TOKENS = 1 << 20
+MAX_LOG_SHIFT = 1.5
+THINK_FRACTION_RANGE = (0.6, 0.9)
+ACCEPT_JITTER = 0.5
+_NORMAL = NormalDist()
+_NUM_WORDS = len(tk.WORDS)
+_THINK_START, _THINK_END, _NL, _EOS = tk.THINK_START_ID, tk.THINK_END_ID, tk.NEWLINE_ID, tk.EOS_ID
+
+
+@dataclass(frozen=True, slots=True)
+class LengthParams:
+    """Parameters of the natural-length distribution and speculative acceptance."""
+
+    median_tokens: float = 2270.0
+    sigma: float = 0.645
+    prompt_coupling: float = 0.0
+    accept_length: float = 3.0  # <= 1 means speculative decoding off
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a prompt core determines: everything except the per-token words."""
+
+    core_tokens: int  # prompt length used for coupling and reported as the prompt core
+    length: int  # natural stream length L including the EOS at stream position L-1
+    think_end_pos: int  # stream position of </think>
+    accept_length: float | None  # per-request mean accept length; None when speculative is off
+    seed_hash: int  # rolling-hash state right after the core
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    output_ids: list[int]
+    text: str
+    finish_reason: dict[str, Any]
+    reasoning_tokens: int
+    plan: Plan
+
+
+def core_length(ids: Sequence[int]) -> int:
+    """Index just past the last assistant marker, or len(ids) when there is none."""
+    marker = list(tk.ASSISTANT_MARKER)
+    m = len(marker)
+    rev = ids[::-1] if isinstance(ids, list) else list(ids)[::-1]
+    j = 0
+    # Walk <|im_start|> occurrences from the end (C-speed list.index on the reversed copy).
+    while True:
+        try:
+            j = rev.index(tk.IM_START_ID, j)
+        except ValueError:
+            return len(ids)
+        start = len(ids) - 1 - j
+        if list(ids[start : start + m]) == marker:
+            return start + m
+        j += 1
+
+
+def _uniform(word: int) -> float:
+    return (word + 0.5) / 2.0**64  # strictly inside (0, 1): inv_cdf is finite
+
+
+def make_plan(core: Sequence[int], params: LengthParams) -> Plan:
+    digest = blake2b(array("q", core).tobytes(), digest_size=32).digest()
+    seed, w_len, w_think, w_acc = (int.from_bytes(digest[i : i + 8], "little") for i in range(0, 32, 8))
+    shift = 0.0
+    if params.prompt_coupling and core:
+        shift = params.prompt_coupling * math.log2(len(core) / 256.0)
+        shift = max(-MAX_LOG_SHIFT, min(MAX_LOG_SHIFT, shift))
+    log_len = math.log(params.median_tokens) + shift + params.sigma * _NORMAL.inv_cdf(_uniform(w_len))
+    length = int(round(math.exp(min(log_len, math.log(MAX_LENGTH_TOKENS)))))
+    length = max(MIN_LENGTH_TOKENS, min(MAX_LENGTH_TOKENS, length))
+    lo, hi = THINK_FRACTION_RANGE
+    think = int((lo + (hi - lo) * _uniform(w_think)) * length)
+    think = max(2, min(length - 4, think))  # keep "\n\n" + >=1 answer word before the EOS
+    accept = None
+    if params.accept_length > 1.0:
+        accept = max(1.0, params.accept_length + ACCEPT_JITTER * (2.0 * _uniform(w_acc) - 1.0))
+    return Plan(len(core), length, think, accept, seed)
+
+
+def roll(h: int, ids: Sequence[int]) -> int:
+    """Advance the rolling hash over ids."""
+    for tok in ids:
+        h = ((h ^ tok) * FNV_PRIME) & MASK64
+    return h
+
+
+def _words(h: int, n: int, out: list[int]) -> int:
+    """Append n hash-chosen word ids; the hot loop, kept free of attribute lookups."""
+    append, base, nw, prime, mask = out.append, tk.WORD_BASE, _NUM_WORDS, FNV_PRIME, MASK64
+    for _ in range(n):
+        tok = base + (h >> 29) % nw
+        append(tok)
+        h = ((h ^ tok) * prime) & mask
+    return h
+
+
+def emit(plan: Plan, h: int, start: int, n: int, eos_pos: int | None, think_done: bool) -> list[int]:
+    """Stream tokens at positions start..start+n-1 given the hash state h of the prefix."""
+    fixed = {0: _THINK_START, 1: _NL}
+    if not think_done:
+        t = plan.think_end_pos
+        fixed.update({t: _THINK_END, t + 1: _NL, t + 2: _NL})
+    if eos_pos is not None:
+        fixed[eos_pos] = _EOS
+    end = start + n
+    out: list[int] = []
+    pos = start
+    for p in sorted(q for q in fixed if start <= q < end):
+        h = _words(h, p - pos, out)
+        tok = fixed[p]
+        out.append(tok)
+        h = ((h ^ tok) * FNV_PRIME) & MASK64
+        pos = p + 1
+    _words(h, end - pos, out)
+    return out
+
+
+def _stop_string_hit(out: list[int], stops: Sequence[str], first_idx: int, skip_special: bool) -> tuple[int, str] | None:
+    """Earliest (token index, stop string) at which the decoded output contains a stop string."""
+    if not stops or first_idx >= len(out):
+        return None
+    # Generated ids are specials, ASCII bytes and words, so per-token pieces concatenate exactly.
+    ends = list(accumulate(len(tk.token_piece(t, skip_special)) for t in out))
+    text = tk.decode(out, skip_special)
+    best: tuple[int, str] | None = None
+    for s in stops:
+        occ = text.find(s)
+        if occ < 0:
+            continue
+        idx = max(bisect_left(ends, occ + len(s)), first_idx)
+        if best is None or idx < best[0]:
+            best = (idx, s)
+    return best
+
+
+def _stop_token_hit(out: list[int], stop_ids: frozenset[int], first_idx: int) -> int | None:
+    for i in range(first_idx, len(out)):
+        if out[i] in stop_ids:
+            return i
+    return None
+
+
+def _finish(out: list[int], max_new: int, min_new: int, stops: Sequence[str], stop_ids: frozenset[int], skip_special: bool):
+    """(cut index or None, finish_reason) following SGLang's check order at each token."""
+    first = max(min_new - 1, 0)
+    tok_i = _stop_token_hit(out, stop_ids, first) if stop_ids else None
+    str_hit = _stop_string_hit(out, stops, first, skip_special)
+    cands = [i for i in (tok_i, str_hit[0] if str_hit else None) if i is not None]
+    i = min(cands) if cands else None
+    if i is None or i + 1 >= max_new:  # length is checked before stop conditions
+        return None, {"type": "length", "length": max_new}
+    if i == tok_i:
+        return i, {"type": "stop", "matched": out[i]}
+    return i, {"type": "stop", "matched": str_hit[1]}
+
+
+def generate(
+    input_ids: Sequence[int],
+    params: LengthParams,
+    max_new_tokens: int,
+    *,
+    min_new_tokens: int = 0,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    skip_special_tokens: bool = True,
+    no_stop_trim: bool = False,
+) -> Generation:
+    """The deterministic response to input_ids under SGLang's stopping rules."""
+    k = core_length(input_ids)
+    plan = make_plan(input_ids[:k], params)
+    stream = input_ids[k:]
+    start = len(stream)
+    h = roll(plan.seed_hash, stream)
+    think_done = _THINK_END in stream
+    eos_pos = None
+    if not ignore_eos:
+        # Past the natural end (e.g. continuing an ignore_eos run) the model stops at once.
+        eos_pos = max(plan.length - 1, start + max(min_new_tokens, 1) - 1)
+    n = max_new_tokens if eos_pos is None else min(max_new_tokens, eos_pos - start + 1)
+    out = emit(plan, h, start, max(n, 0), eos_pos, think_done)
+    stop_ids = frozenset() if ignore_eos else frozenset(stop_token_ids) | {_EOS}
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    cut, reason = _finish(out, max_new_tokens, min_new_tokens, stops, stop_ids, skip_special_tokens)
+    if cut is not None:
+        del out[cut + 1 :]
+    matched = reason.get("matched")
+    # SGLang's detokenizer drops the matched stop token / cuts before the stop string.
+    trim_token = isinstance(matched, int) and not no_stop_trim
+    text = tk.decode(out[:-1] if trim_token else out, skip_special_tokens)
+    if isinstance(matched, str) and not no_stop_trim:
+        text = text[: text.find(matched)]
+    reasoning = 0 if think_done else max(0, min(start + len(out), plan.think_end_pos + 1) - start)
+    return Generation(out, text, reason, reasoning, plan)
+
+
+def natural_output_length(input_ids: Sequence[int], params: LengthParams) -> int:
+    """Output tokens (incl. EOS) the model produces with no cap, for a prompt without continuation."""
+    k = core_length(input_ids)
+    plan = make_plan(input_ids[:k], params)
+    return max(plan.length - len(input_ids[k:]), 1)
+
+
+def spec_fields(completion_tokens: int, accept_length: float | None) -> dict[str, float | int]:
+    """meta_info speculative fields; empty when speculative decoding is off."""
+    if accept_length is None:
+        return {}
+    verify = max(1, math.ceil(completion_tokens / accept_length))
+    return {"spec_verify_ct": verify, "spec_accept_length": completion_tokens / verify}

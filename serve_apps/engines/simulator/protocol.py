@@ -1,0 +1,199 @@
+"""SGLang's native /generate request contract: parsing, validation, error bodies.
+
+Design decisions:
+- Validation is strict where real SGLang is strict (unknown sampling keys,
+  context length, value ranges, with SGLang's wording) so client bugs show up
+  on CPU, not first on a GPU cluster. Sampling knobs that only change *which*
+  tokens a real model samples (temperature, top_p, penalties, json_schema...)
+  are validated and then ignored: the simulated output is deterministic.
+- Only one prompt per request and no streaming: raygen never batches in one
+  HTTP call nor streams; rejecting loudly beats half-supporting.
+- Input ids may lie outside the toy vocabulary (ids from a real tokenizer);
+  the model only hashes them. They must be ints in [0, 2**31).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from serve_apps.engines.simulator import tokenizer as tk
+
+ALLOWED_SAMPLING_KEYS = frozenset(
+    "max_new_tokens min_new_tokens stop stop_token_ids temperature top_p top_k min_p frequency_penalty "
+    "presence_penalty repetition_penalty ignore_eos skip_special_tokens spaces_between_special_tokens "
+    "no_stop_trim n sampling_seed json_schema regex ebnf logit_bias custom_params".split()
+)
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
+MAX_TOKEN_ID = 2**31
+
+
+class RequestError(Exception):
+    """A request the engine refuses; becomes an SGLang-shaped error body."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_body(message: str, status: int) -> dict[str, Any]:
+    """SGLang's ErrorResponse shape; type is the status phrase without spaces (BadRequest, InternalServerError...)."""
+    try:
+        err_type = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    except ValueError:
+        err_type = "Error"
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    input_ids: list[int]
+    rid: str
+    max_new_tokens: int | None  # None: absent, SGLang default applies after the context check
+    min_new_tokens: int
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    skip_special_tokens: bool
+    no_stop_trim: bool
+
+
+def parse_generate(body: Any) -> GenerateRequest:
+    if not isinstance(body, dict):
+        raise RequestError("The request body must be a JSON object.")
+    input_ids = _parse_input(body)
+    if body.get("stream"):
+        raise RequestError("stream is not supported by the simulator")
+    sp = body.get("sampling_params") or {}
+    if isinstance(sp, list):
+        raise RequestError("the simulator accepts one prompt per request")
+    if not isinstance(sp, dict):
+        raise RequestError("sampling_params must be a JSON object.")
+    unknown = sorted(set(sp) - ALLOWED_SAMPLING_KEYS)
+    if unknown:
+        raise RequestError(f"Unknown sampling parameter(s): {', '.join(unknown)}. Supported: {', '.join(sorted(ALLOWED_SAMPLING_KEYS))}.")
+    _verify_ranges(sp)
+    rid = body.get("rid")
+    if isinstance(rid, list):
+        raise RequestError("the simulator accepts one prompt per request")
+    if rid is not None and not isinstance(rid, str):
+        raise RequestError("rid must be a string.")
+    return GenerateRequest(
+        input_ids=input_ids,
+        rid=rid or uuid.uuid4().hex,
+        max_new_tokens=_opt_int(sp, "max_new_tokens"),
+        min_new_tokens=_opt_int(sp, "min_new_tokens") or 0,
+        stop=_parse_stop(sp.get("stop")),
+        stop_token_ids=tuple(_int_list(sp.get("stop_token_ids") or [], "stop_token_ids")),
+        ignore_eos=_opt_bool(sp, "ignore_eos", False),
+        skip_special_tokens=_opt_bool(sp, "skip_special_tokens", True),
+        no_stop_trim=_opt_bool(sp, "no_stop_trim", False),
+    )
+
+
+def _parse_input(body: dict) -> list[int]:
+    has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
+    if has_text == has_ids:
+        raise RequestError("Either text or input_ids should be provided, not both and not neither.")
+    if has_text:
+        text = body["text"]
+        if isinstance(text, list):
+            raise RequestError("the simulator accepts one prompt per request")
+        if not isinstance(text, str):
+            raise RequestError("text must be a string.")
+        ids = tk.encode(text)
+    else:
+        raw = body["input_ids"]
+        if isinstance(raw, list) and raw and isinstance(raw[0], list):
+            raise RequestError("the simulator accepts one prompt per request")
+        ids = _int_list(raw, "input_ids")
+        if any(not 0 <= t < MAX_TOKEN_ID for t in ids):
+            raise RequestError(f"input_ids must lie in [0, {MAX_TOKEN_ID}).")
+    if not ids:
+        raise RequestError("The input is empty.")
+    return ids
+
+
+def check_context(n_input: int, req: GenerateRequest, context_length: int) -> int:
+    """SGLang's context checks (same wording); returns the effective max_new_tokens."""
+    if n_input >= context_length:
+        raise RequestError(f"The input ({n_input} tokens) is longer than the model's context length ({context_length} tokens).")
+    if req.max_new_tokens is None:
+        # Absent: SGLang skips the check and its scheduler clamps the default to the room left.
+        return min(DEFAULT_MAX_NEW_TOKENS, context_length - n_input)
+    total = n_input + req.max_new_tokens
+    if total > context_length:
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
+            f"You requested a total of {total} tokens: {n_input} tokens from the input messages and "
+            f"{req.max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
+            "messages or the completion to fit within the limit."
+        )
+    return req.max_new_tokens
+
+
+def _verify_ranges(sp: dict) -> None:
+    """SGLang's SamplingParams.verify checks, same messages."""
+    checks = (
+        ("temperature", lambda v: v >= 0, "temperature must be non-negative, got {}."),
+        ("top_p", lambda v: 0 < v <= 1, "top_p must be in (0, 1], got {}."),
+        ("min_p", lambda v: 0 <= v <= 1, "min_p must be in [0, 1], got {}."),
+        ("top_k", lambda v: v == -1 or v >= 1, "top_k must be -1 (disable), or at least 1, got {}."),
+        ("frequency_penalty", lambda v: -2 <= v <= 2, "frequency_penalty must be in [-2, 2], got {}."),
+        ("presence_penalty", lambda v: -2 <= v <= 2, "presence_penalty must be in [-2, 2], got {}."),
+        ("repetition_penalty", lambda v: 0 <= v <= 2, "repetition_penalty must be in [0, 2], got {}."),
+        ("max_new_tokens", lambda v: v >= 0, "max_new_tokens must be at least 0, got {}."),
+        ("min_new_tokens", lambda v: v >= 0, "min_new_tokens must be in [0, max_new_tokens], got {}."),
+    )
+    for key, ok, msg in checks:
+        v = sp.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise RequestError(f"{key} must be a number, got {v!r}.")
+        if not ok(v):
+            raise RequestError(msg.format(v))
+    mx, mn = sp.get("max_new_tokens"), sp.get("min_new_tokens")
+    if mx is not None and mn is not None and mn > mx:
+        raise RequestError(f"min_new_tokens must be in [0, max_new_tokens({mx})], got {mn}.")
+    n = sp.get("n")
+    if n is not None and n != 1:
+        raise RequestError(f"the simulator supports n=1 only, got n={n!r}.")
+
+
+def _opt_int(sp: dict, key: str) -> int | None:
+    v = sp.get(key)
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if not isinstance(v, int):
+        raise RequestError(f"{key} must be an integer, got {v!r}.")
+    return v
+
+
+def _opt_bool(sp: dict, key: str, default: bool) -> bool:
+    v = sp.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise RequestError(f"{key} must be a boolean, got {v!r}.")
+    return v
+
+
+def _int_list(v: Any, key: str) -> list[int]:
+    if not isinstance(v, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in v):
+        raise RequestError(f"{key} must be a list of integers.")
+    return v
+
+
+def _parse_stop(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or any(not isinstance(s, str) or not s for s in stops):
+        raise RequestError("stop must be a non-empty string or a list of non-empty strings.")
+    return tuple(stops)

@@ -1,0 +1,252 @@
+"""Continuous-batching timing model, in simulated time, driven by asyncio.
+
+Design decisions:
+- Event-driven fluid model instead of a fixed ticker: between events (an
+  arrival, an admission, a completion) every running request progresses at a
+  constant rate, so the driver sleeps exactly until the next completion or
+  until an arrival wakes it. Idle cost is zero (no task exists when nothing
+  runs) and the cost per event is O(running), fine for hundreds of requests.
+- At most max_running_requests run; the rest wait in a FIFO queue. A running
+  request first prefills its uncached prompt tokens (prompt/prefill_tok_s
+  simulated seconds), then decodes at min(per_request, max_decode / n_running)
+  tokens per simulated second (divided by its slow factor). Requests still in
+  prefill occupy a slot and count in n_running, as a batch slot does.
+- Wall time = simulated time * time_scale. time_scale == 0 completes requests
+  immediately (zero-latency mode) but still counts tokens for /metrics.
+- Completions within 0.1 ms wall of each other are retired together so float
+  rounding cannot cause a storm of tiny sleeps.
+- A cancelled waiter (client went away) is removed from the batch at once,
+  freeing its share of the engine, like SGLang's abort on disconnect.
+- Counters are plain ints/floats read by the /metrics collector at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+RETIRE_SLACK_WALL_S = 1e-4
+THROUGHPUT_WINDOW_S = 5.0  # wall seconds over which gen_throughput is averaged
+SAMPLE_SPACING_S = 0.01  # at most one throughput sample per 10 ms keeps the deque small
+SPEC_WINDOW_REQUESTS = 512
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    prompt_tokens: int  # all input tokens: occupy KV cache (token_usage)
+    prefill_left_s: float  # simulated seconds of prefill still to do
+    total_tokens: int  # completion tokens to decode
+    slow_factor: float
+    verify_steps: int  # speculative verify steps (0 when speculative is off)
+    future: asyncio.Future = field(repr=False)
+    decoded: float = 0.0
+    reported: int = 0  # decoded tokens already added to the integer counter
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    running: int
+    queued: int
+    generation_tokens_total: int
+    prompt_tokens_total: int
+    requests_total: int
+    gen_throughput_tok_s: float  # recent, per wall second
+    spec_accept_length: float  # recent completed requests; 0 when none / speculative off
+    token_usage: float  # running tokens / (context_length * max_running_requests)
+    capacity_tok_s: float  # max_decode_tok_s per wall second; 0 in zero-latency mode (infinite)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        max_running_requests: int,
+        per_request_decode_tok_s: float,
+        max_decode_tok_s: float,
+        prefill_tok_s: float,
+        time_scale: float,
+        context_length: int,
+    ) -> None:
+        self.max_running = max_running_requests
+        self.per_request_tok_s = per_request_decode_tok_s
+        self.max_decode_tok_s = max_decode_tok_s
+        self.prefill_tok_s = prefill_tok_s
+        self.time_scale = time_scale
+        self.context_length = context_length
+        self._running: list[_Job] = []
+        self._queue: deque[_Job] = deque()
+        self._driver: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+        self._last_t: float | None = None
+        self._gen_cum = 0.0  # continuous decoded-token count, for throughput
+        # Seeded at construction so a young process averages over its uptime, not since its first request.
+        self._samples: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])
+        self._spec_recent: deque[tuple[int, int]] = deque(maxlen=SPEC_WINDOW_REQUESTS)
+        self.generation_tokens_total = 0
+        self.prompt_tokens_total = 0
+        self.requests_total = 0
+
+    # ---- public ---------------------------------------------------------
+    async def run(
+        self, prompt_tokens: int, compute_tokens: int, completion_tokens: int, *, slow_factor: float = 1.0, verify_steps: int = 0
+    ) -> None:
+        """Wait (in wall time) until the request has been scheduled, prefilled and decoded."""
+        loop = asyncio.get_running_loop()
+        if self.time_scale == 0:
+            self._advance(time.monotonic())
+            self.prompt_tokens_total += prompt_tokens
+            self._gen_cum += completion_tokens
+            self._record_sample(time.monotonic())
+            self._complete_counts(completion_tokens, verify_steps)
+            return
+        job = _Job(prompt_tokens, compute_tokens / self.prefill_tok_s, completion_tokens, slow_factor, verify_steps, loop.create_future())
+        self._advance(time.monotonic())
+        self._queue.append(job)
+        self._kick()
+        try:
+            await job.future
+        except asyncio.CancelledError:
+            self._drop(job)
+            raise
+
+    def stats(self) -> SchedulerStats:
+        now = time.monotonic()
+        self._advance(now)
+        running_tokens = sum(j.prompt_tokens + j.decoded for j in self._running)
+        spec_tokens = sum(t for t, _ in self._spec_recent)
+        spec_steps = sum(v for _, v in self._spec_recent)
+        return SchedulerStats(
+            running=len(self._running),
+            queued=len(self._queue),
+            generation_tokens_total=self.generation_tokens_total,
+            prompt_tokens_total=self.prompt_tokens_total,
+            requests_total=self.requests_total,
+            gen_throughput_tok_s=self._throughput(now),
+            spec_accept_length=spec_tokens / spec_steps if spec_steps else 0.0,
+            token_usage=running_tokens / (self.context_length * self.max_running),
+            capacity_tok_s=self.max_decode_tok_s / self.time_scale if self.time_scale else 0.0,
+        )
+
+    # ---- driver ---------------------------------------------------------
+    def _kick(self) -> None:
+        if self._driver is None:
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        else:
+            self._wake.set()
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._running or self._queue:
+                now = time.monotonic()
+                self._advance(now)
+                self._retire()
+                self._admit()
+                delay = self._next_completion_wall_s()
+                if delay is None:
+                    continue  # everything retired/admitted; loop condition decides
+                self._wake.clear()
+                timer = loop.call_later(delay, self._wake.set)
+                await self._wake.wait()
+                timer.cancel()
+        finally:
+            self._driver = None
+
+    def _rate(self) -> float:
+        n = len(self._running)
+        return min(self.per_request_tok_s, self.max_decode_tok_s / n) if n else self.per_request_tok_s
+
+    def _advance(self, now: float) -> None:
+        """Progress every running job from the last event to now at the current (constant) rates."""
+        last, self._last_t = self._last_t, now
+        if last is None or now <= last or not self._running:
+            self._record_sample(now)
+            return
+        dt = (now - last) / self.time_scale
+        rate = self._rate()
+        for job in self._running:
+            d = dt
+            if job.prefill_left_s > 0:
+                if d <= job.prefill_left_s:
+                    job.prefill_left_s -= d
+                    continue
+                d -= job.prefill_left_s
+                job.prefill_left_s = 0.0
+            inc = min(job.total_tokens - job.decoded, rate / job.slow_factor * d)
+            job.decoded += inc
+            self._gen_cum += inc
+            whole = int(job.decoded)
+            if whole > job.reported:  # counter moves while decoding, like SGLang's per-batch stats
+                self.generation_tokens_total += whole - job.reported
+                job.reported = whole
+        self._record_sample(now)
+
+    def _remaining_wall_s(self, job: _Job, rate: float) -> float:
+        return (job.prefill_left_s + (job.total_tokens - job.decoded) * job.slow_factor / rate) * self.time_scale
+
+    def _retire(self) -> None:
+        rate = self._rate()
+        done = [j for j in self._running if self._remaining_wall_s(j, rate) <= RETIRE_SLACK_WALL_S]
+        if not done:
+            return
+        done_ids = set(map(id, done))
+        self._running = [j for j in self._running if id(j) not in done_ids]
+        for job in done:
+            self._gen_cum += job.total_tokens - job.decoded  # the sub-0.1 ms remainder
+            self.generation_tokens_total -= job.reported
+            self._complete_counts(job.total_tokens, job.verify_steps)
+            if not job.future.done():
+                job.future.set_result(None)
+
+    def _admit(self) -> None:
+        while self._queue and len(self._running) < self.max_running:
+            job = self._queue.popleft()
+            if job.future.done():  # cancelled while queued
+                continue
+            self.prompt_tokens_total += job.prompt_tokens
+            self._running.append(job)
+
+    def _next_completion_wall_s(self) -> float | None:
+        if not self._running:
+            return None
+        rate = self._rate()
+        return max(min(self._remaining_wall_s(j, rate) for j in self._running), 0.0)
+
+    def _drop(self, job: _Job) -> None:
+        """Remove a cancelled request; its decoded tokens stay counted (they were generated)."""
+        self._advance(time.monotonic())
+        if job in self._queue:
+            self._queue.remove(job)
+        elif job in self._running:
+            self._running.remove(job)
+            if self._driver is not None:
+                self._wake.set()  # the others speed up now
+
+    # ---- counters -------------------------------------------------------
+    def _complete_counts(self, completion_tokens: int, verify_steps: int) -> None:
+        self.generation_tokens_total += completion_tokens
+        self.requests_total += 1
+        if verify_steps:
+            self._spec_recent.append((completion_tokens, verify_steps))
+
+    def _record_sample(self, now: float) -> None:
+        if self._samples and now - self._samples[-1][0] < SAMPLE_SPACING_S and len(self._samples) > 1:
+            self._samples[-1] = (now, self._gen_cum)
+        else:
+            self._samples.append((now, self._gen_cum))
+
+    def _throughput(self, now: float) -> float:
+        """Decoded tokens per wall second over the last THROUGHPUT_WINDOW_S (linear between samples)."""
+        target = now - THROUGHPUT_WINDOW_S
+        s = self._samples
+        while len(s) >= 2 and s[1][0] <= target:
+            s.popleft()
+        t0, c0 = s[0]
+        if t0 < target and len(s) >= 2:
+            t1, c1 = s[1]
+            c0 = c0 + (c1 - c0) * (target - t0) / (t1 - t0) if t1 > t0 else c1
+            t0 = target
+        span = now - t0
+        return (self._gen_cum - c0) / span if span > 0 else 0.0

@@ -1,0 +1,250 @@
+"""aiohttp application speaking SGLang's native HTTP contract.
+
+Design decisions:
+- One ``Simulator`` object owns the mutable state (settings, scheduler, prefix
+  cache, fault RNG, crash counter); handlers are its methods, so tests can
+  also build the app in-process with ``build_app``.
+- The whole output is computed when a request arrives (model.py is fast);
+  the scheduler then only decides *when* the answer may leave.
+- Faults come from one seeded RNG with exactly two draws per valid request
+  (error, slow), so a fault pattern is reproducible for a given request order
+  and retries of a failed request can succeed.
+- The crash counter counts every /generate POST (valid or not) from start or
+  from the last /sim/faults update of crash_after_requests; the request that
+  reaches the count never gets an answer: os._exit(1) drops every connection,
+  like a GPU fault.
+- Handler cancellation is on (see serve()), so a client that disconnects
+  frees its batch slot, as SGLang aborts such requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from typing import Any, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from serve_apps.engines.simulator import model
+from serve_apps.engines.simulator import tokenizer as tk
+from serve_apps.engines.simulator.metrics import build_registry
+from serve_apps.engines.simulator.prefix_cache import PrefixCache
+from serve_apps.engines.simulator.protocol import RequestError, check_context, error_body, parse_generate
+from serve_apps.engines.simulator.scheduler import Scheduler
+from serve_apps.engines.simulator.settings import FAULT_FIELDS, SimulatorSettings
+
+VERSION = "0.5.23-sim"
+MAX_BODY_BYTES = 64 * 1024 * 1024  # long input_ids lists are big JSON
+
+
+def _error(message: str, status: int) -> web.Response:
+    return web.json_response(error_body(message, status), status=status)
+
+
+class Simulator:
+    def __init__(self, settings: SimulatorSettings) -> None:
+        self.settings = settings
+        self.params = model.LengthParams(
+            median_tokens=settings.length_median_tokens,
+            sigma=settings.length_sigma,
+            prompt_coupling=settings.length_prompt_coupling,
+            accept_length=settings.accept_length,
+        )
+        self.scheduler = Scheduler(
+            max_running_requests=settings.max_running_requests,
+            per_request_decode_tok_s=settings.per_request_decode_tok_s,
+            max_decode_tok_s=settings.max_decode_tok_s,
+            prefill_tok_s=settings.prefill_tok_s,
+            time_scale=settings.time_scale,
+            context_length=settings.context_length,
+        )
+        self.cache = PrefixCache(settings.context_length * settings.max_running_requests)
+        self.registry = build_registry(settings.model_name, self.scheduler.stats)
+        self.rng = random.Random(settings.seed)
+        self.received_for_crash = 0
+        self.started_at = time.monotonic()
+
+    def ready(self) -> bool:
+        return time.monotonic() - self.started_at >= self.settings.startup_s
+
+    # ---- /generate ------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.Response:
+        arrival = time.monotonic()
+        self._count_for_crash()
+        if not self.ready():
+            return _error("The server is starting up; retry later.", 503)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("The request body is not valid JSON.", 400)
+        try:
+            req = parse_generate(body)
+            max_new = check_context(len(req.input_ids), req, self.settings.context_length)
+        except RequestError as e:
+            return _error(str(e), e.status)
+        failed = self.rng.random() < self.settings.error_rate
+        slow = self.rng.random() < self.settings.slow_rate
+        if failed:
+            return _error("Simulated engine fault (error_rate).", self.settings.error_status)
+        gen = model.generate(
+            req.input_ids,
+            self.params,
+            max_new,
+            min_new_tokens=req.min_new_tokens,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            skip_special_tokens=req.skip_special_tokens,
+            no_stop_trim=req.no_stop_trim,
+        )
+        n_in, n_out = len(req.input_ids), len(gen.output_ids)
+        cached = self.cache.match(req.input_ids)
+        self.cache.insert(req.input_ids)
+        spec = model.spec_fields(n_out, gen.plan.accept_length)
+        await self.scheduler.run(
+            n_in,
+            n_in - cached,
+            n_out,
+            slow_factor=self.settings.slow_factor if slow else 1.0,
+            verify_steps=int(spec.get("spec_verify_ct", 0)),
+        )
+        self.cache.insert(req.input_ids + gen.output_ids)  # finished requests leave prompt+output cached
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": gen.finish_reason,
+            "prompt_tokens": n_in,
+            "completion_tokens": n_out,
+            "cached_tokens": cached,
+            "reasoning_tokens": gen.reasoning_tokens,
+            "e2e_latency": time.monotonic() - arrival,
+            **spec,
+        }
+        return web.json_response({"text": gen.text, "output_ids": gen.output_ids, "meta_info": meta})
+
+    def _count_for_crash(self) -> None:
+        limit = self.settings.crash_after_requests
+        self.received_for_crash += 1
+        if limit is not None and self.received_for_crash >= limit:
+            os.write(2, f"simulator: simulated crash after {self.received_for_crash} /generate requests\n".encode())
+            os._exit(1)  # abrupt on purpose: no cleanup, no response, like a GPU fault
+
+    # ---- other endpoints ------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready() else 503)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        s = self.settings
+        return web.json_response(
+            {
+                "model_path": s.model_name,
+                "served_model_name": s.model_name,
+                "context_length": s.context_length,
+                "max_running_requests": s.max_running_requests,
+                "speculative_algorithm": "NEXTN" if s.speculative else None,
+                "version": VERSION,
+                "simulator": s.model_dump(),
+            }
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise RequestError("prompt must be a string.")
+        ids = tk.encode(prompt)  # add_special_tokens has no effect: Qwen-style tokenizers add no BOS
+        return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.settings.context_length})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
+            raise RequestError("tokens must be a list of integers.")
+        skip = body.get("skip_special_tokens", True)
+        try:
+            text = tk.decode(tokens, skip_special_tokens=bool(skip))
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        return web.json_response({"text": text})
+
+    async def faults(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            updates = await _json_object(request)
+            unknown = sorted(set(updates) - set(FAULT_FIELDS))
+            if unknown:
+                raise RequestError(f"Unknown fault setting(s): {', '.join(unknown)}. Allowed: {', '.join(FAULT_FIELDS)}.")
+            try:
+                self.settings = SimulatorSettings.model_validate({**self.settings.model_dump(), **updates})
+            except ValidationError as e:
+                raise RequestError(f"Invalid fault settings: {e}") from None
+            if "crash_after_requests" in updates:
+                self.received_for_crash = 0
+        return web.json_response(self.settings.fault_settings())
+
+
+async def _json_object(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestError("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise RequestError("The request body must be a JSON object.")
+    return body
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """RequestError -> SGLang error body; unexpected exceptions -> 500 in the same shape."""
+    try:
+        return await handler(request)
+    except RequestError as e:
+        return _error(str(e), e.status)
+    except web.HTTPException:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # a simulator bug must still answer in the contract's shape
+        return _error(f"Internal simulator error: {type(e).__name__}: {e}", 500)
+
+
+def build_app(settings: SimulatorSettings) -> web.Application:
+    sim = Simulator(settings)
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+    app["simulator"] = sim
+    app.router.add_post("/generate", sim.generate)
+    app.router.add_get("/health", sim.health)
+    app.router.add_get("/health_generate", sim.health)
+    app.router.add_get("/server_info", sim.server_info)
+    app.router.add_get("/get_server_info", sim.server_info)
+    app.router.add_get("/metrics", sim.metrics)
+    app.router.add_post("/tokenize", sim.tokenize)
+    app.router.add_post("/detokenize", sim.detokenize)
+    app.router.add_get("/sim/faults", sim.faults)
+    app.router.add_post("/sim/faults", sim.faults)
+    return app
+
+
+async def serve(settings: SimulatorSettings, host: str, port: int) -> None:
+    """Listen until SIGTERM/SIGINT, then shut down cleanly."""
+    runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_port = runner.addresses[0][1] if runner.addresses else port  # real port when port=0
+    print(f"simulator ready on http://{host}:{bound_port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

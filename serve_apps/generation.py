@@ -1,0 +1,101 @@
+"""One prompt through one engine: render, tokenize, guard the context, generate, parse.
+
+This is the replica's request logic without any Ray in it, so it is tested directly
+against a real (simulated) engine process. Row-level failures come back as results
+with ``error_class`` set; only a dead engine raises (EngineDead) so Serve restarts us.
+
+Context guard: prompt tokens + budget must fit ``context_length``. Policy ``clamp``
+shrinks the budget and records ``budget_clamped_by="context_guard"``; ``reject``
+fails the row as ``context_overflow``. A prompt that alone fills the context is
+always rejected. If the engine enforces a smaller budget than we asked (its own silent
+clamp), ``budget_clamped_by="engine"`` records it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from serve_apps.chat_format import render_prompt, split_reasoning
+from serve_apps.engine_client import EngineClient, EngineOutput
+from serve_apps.errors import ContextOverflow, EngineDead, EngineError
+from serve_apps.protocol import error_result
+
+# Leave room for at least this many new tokens or reject: a 1-token "completion" is
+# worse than an explicit reject.
+MIN_USEFUL_BUDGET = 16
+
+
+class Generator:
+    def __init__(self, client: EngineClient, context_length: int, think_end: str,
+                 replica_id: str, engine_alive: Callable[[], bool],
+                 render: Callable[..., str] = render_prompt):
+        self.client = client
+        self.context_length = context_length
+        self.think_end = think_end
+        self.replica_id = replica_id
+        self._engine_alive = engine_alive
+        self._render = render
+
+    async def prompt_ids(self, request: dict[str, Any]) -> list[int]:
+        if request.get("input_ids"):
+            return list(request["input_ids"])
+        text = self._render(request["messages"], request.get("tools"))
+        return await self.client.tokenize(text)
+
+    def fit_budget(self, prompt_len: int, budget: int, policy: str) -> int:
+        room = self.context_length - prompt_len
+        if room >= budget:
+            return budget
+        if policy == "clamp" and room >= MIN_USEFUL_BUDGET:
+            return room
+        raise ContextOverflow(
+            f"prompt has {prompt_len} tokens and asks for {budget} new tokens, but "
+            f"context_length is {self.context_length} (room for {max(room, 0)}). Raise "
+            f"engine.context_length, lower job.max_new_tokens, or use "
+            f"job.context_policy=clamp.")
+
+    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        key = request["key"]
+        started = time.perf_counter()
+        try:
+            ids = await self.prompt_ids(request)
+            budget = int(request["max_new_tokens"])
+            effective = self.fit_budget(len(ids), budget, request.get("context_policy", "reject"))
+            sampling = dict(request.get("sampling") or {}, max_new_tokens=effective)
+            out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}")
+        except EngineError as exc:
+            if exc.retryable and not self._engine_alive():
+                raise EngineDead(f"engine process exited: {exc}") from exc
+            return error_result(key, exc.error_class, str(exc), exc.retryable, self.replica_id)
+        return self._result(key, ids, out, budget, effective, time.perf_counter() - started)
+
+    def _result(self, key: str, ids: list[int], out: EngineOutput, budget: int,
+                effective: int, latency_s: float) -> dict[str, Any]:
+        reasoning, answer, finished_thinking = split_reasoning(out.text, self.think_end)
+        clamped_by = "context_guard" if effective < budget else ""
+        if out.finish_reason == "length" and out.finish_length and out.finish_length < effective:
+            clamped_by = "engine"
+        verify = out.spec_verify_ct
+        return {
+            "key": key, "text": out.text, "reasoning": reasoning, "answer": answer,
+            "finished_thinking": finished_thinking,
+            "prompt_token_ids": ids, "output_token_ids": out.output_ids,
+            "finish_reason": out.finish_reason, "matched_stop": out.matched_stop,
+            "prompt_tokens": out.prompt_tokens or len(ids),
+            "completion_tokens": out.completion_tokens,
+            "cached_tokens": out.cached_tokens,
+            "reasoning_tokens": _reasoning_tokens(out, finished_thinking),
+            "spec_verify_ct": verify,
+            "accept_length": (out.completion_tokens / verify) if verify else None,
+            "latency_s": latency_s, "replica": self.replica_id,
+            "max_new_tokens": budget, "effective_max_new_tokens": effective,
+            "budget_clamped_by": clamped_by,
+            "error_class": None, "error_message": None, "retryable": None,
+        }
+
+
+def _reasoning_tokens(out: EngineOutput, finished_thinking: bool) -> Optional[int]:
+    if out.reasoning_tokens is not None:
+        return int(out.reasoning_tokens)
+    return None if finished_thinking else out.completion_tokens
