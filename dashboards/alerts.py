@@ -60,7 +60,7 @@ _FMT = {
 class Alert:
     name: str
     query: str  # may reference RECORDING_RULES
-    op: str  # ">" or "<" (Grafana threshold expressions have no "==")
+    op: str  # ">" or "<": the threshold types every Grafana version with threshold expressions supports
     threshold: float
     for_: str
     severity: str
@@ -212,11 +212,6 @@ _EVALUATOR = {">": "gt", "<": "lt"}
 def _expr_ds() -> dict:
     # A fresh dict each time: a shared one makes PyYAML emit &anchors/*aliases.
     return {"type": "__expr__", "uid": "__expr__"}
-
-
-def _seconds(duration: str) -> int:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    return int(duration[:-1]) * units[duration[-1]]
 
 
 def grafana_alert_rule(a: Alert, dashboard_uid: str, panel_id: int) -> dict:

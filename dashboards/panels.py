@@ -44,7 +44,7 @@ def _quantile(metric: mc.Metric, qv: float) -> Target:
 
 PROGRESS = Row("Run progress", [
     Panel("Progress", [Target(f"{s.rows_finished(BY_RUN, RM)} / {_job(mc.JOB_ROWS_TOTAL)}", "{{run}}")],
-          kind="stat", unit="percentunit", width=6,
+          kind="stat", unit="percentunit", width=4,
           description="(done + failed + rejected) / total rows, from what the driver has durably written."),
     Panel("Rows done / total", [
         Target(_job(mc.JOB_ROWS_DONE), "done {{run}}"),
@@ -52,8 +52,9 @@ PROGRESS = Row("Run progress", [
         Target(_job(mc.JOB_ROWS_FAILED), "failed {{run}}"),
         Target(_job(mc.JOB_ROWS_REJECTED), "rejected {{run}}"),
     ], kind="stat", width=6),
-    Panel("ETA", [Target(_job(mc.JOB_ETA_SECONDS), "{{run}}")], kind="stat", unit="dtdurations", width=6),
-    Panel("Driver running", [Target(_job(mc.JOB_RUNNING), "{{run}}")], kind="stat", width=6,
+    Panel("Output tokens written", [Target(_job(mc.JOB_OUTPUT_TOKENS_WRITTEN), "{{run}}")], kind="stat", width=4),
+    Panel("ETA", [Target(_job(mc.JOB_ETA_SECONDS), "{{run}}")], kind="stat", unit="dtdurations", width=5),
+    Panel("Driver running", [Target(_job(mc.JOB_RUNNING), "{{run}}")], kind="stat", width=5,
           mappings=_RUNNING, key="driver_running",
           description="No value while a run should be going = the driver died (RaygenJobDriverGone)."),
     Panel("Time since last durable write", [Target(s.seconds_since_last_write(BY_RUN, RM), "{{run}}")],

@@ -23,7 +23,10 @@ from jobs.validate import validate_batch
 
 # Every stage is I/O-bound or light: reserving whole CPUs would let the read and
 # validate tasks starve the writer (rows then wait in memory instead of on storage).
+# Capped concurrency: a fraction of a CPU would otherwise let Ray start dozens of
+# Python workers at once (seconds of CPU each) for work two of them can do.
 LIGHT_CPU = 0.1
+LIGHT_TASKS = 2
 
 
 def stage_context(cfg: RunConfig) -> dict[str, Any]:
@@ -43,11 +46,12 @@ def stage_context(cfg: RunConfig) -> dict[str, Any]:
 def build(cfg: RunConfig, inputs: list[Location], ledger, run_uri: str) -> ray.data.Dataset:
     job = cfg.job
     ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size),
-                                  ray_remote_args={"num_cpus": LIGHT_CPU})
+                                  num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
-                        num_cpus=LIGHT_CPU)
+                        num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
     ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
-                        fn_kwargs={"ledger": ledger}, num_cpus=LIGHT_CPU)
+                        fn_kwargs={"ledger": ledger}, num_cpus=LIGHT_CPU,
+                        concurrency=LIGHT_TASKS)
     ds = ds.map_batches(
         GenerateRows, batch_format="pyarrow", batch_size=job.batch_size,
         fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name,
@@ -59,4 +63,4 @@ def build(cfg: RunConfig, inputs: list[Location], ledger, run_uri: str) -> ray.d
 
 def write(ds: ray.data.Dataset, cfg: RunConfig, run_uri: str) -> None:
     ds.write_datasink(RunSink(run_uri, cfg.storage, cfg.job.rows_per_file),
-                      ray_remote_args={"num_cpus": LIGHT_CPU})
+                      ray_remote_args={"num_cpus": LIGHT_CPU}, concurrency=LIGHT_TASKS)

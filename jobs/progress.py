@@ -83,9 +83,12 @@ class ProgressTracker:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="progress")
         self.status = "running"
+        self.baseline = (0, 0)
 
     def start(self) -> "ProgressTracker":
         self.update()
+        # Rows already in the run before this session: excluded from session rates.
+        self.baseline = (self.counts.done, self.counts.output_tokens)
         self._thread.start()
         return self
 
@@ -131,6 +134,8 @@ class ProgressTracker:
             "output_tokens": c.output_tokens, "bytes_written": c.bytes_written,
             "files": len(c.seen_files), "started_at": self.started, "updated_at": now,
             "elapsed_s": round(now - self.started, 1), "last_write_at": c.last_write_ts or None,
+            "session_rows": c.done - self.baseline[0],
+            "session_output_tokens": c.output_tokens - self.baseline[1],
         }
         write_json_atomic(self.store.loc("progress.json"), snapshot)
         if self.gauges is not None:

@@ -96,9 +96,9 @@ def summary_text(store: RunStore, snap: dict[str, Any]) -> str:
         f"({snap['failed']} failed, {snap['rejected']} rejected)",
         f"  finish:    {mix}  (truncated {100 * snap['truncated_fraction']:.1f}%)",
         f"  tokens:    {snap['output_tokens']} output, mean {snap['mean_output_tokens']}",
-        f"  wall:      {snap['elapsed_s']} s, {snap['completed'] / max(snap['elapsed_s'], 1e-9):.1f}"
-        f" rows/s, {snap['output_tokens'] / max(snap['elapsed_s'], 1e-9):.0f} output tok/s "
-        f"(this session, incl. rows from earlier sessions)",
+        f"  session:   {snap['session_rows']} new rows in {snap['elapsed_s']} s: "
+        f"{snap['session_rows'] / max(snap['elapsed_s'], 1e-9):.1f} rows/s, "
+        f"{snap['session_output_tokens'] / max(snap['elapsed_s'], 1e-9):.0f} output tok/s",
         f"  progress:  {store.uri}/progress.json",
     ])
 

@@ -58,13 +58,11 @@ def deploy_or_attach(engine: EngineConfig, cfg: ServeConfig) -> DeploymentHandle
         handle = _running_handle(cfg)
         if handle is not None:
             info = handle.info.remote().result()
-            if (info["model"], info["context_length"]) == (engine.model_name,
-                                                           engine.context_length):
+            if info["engine_config_hash"] == engine.config_hash():
                 logger.info("attached to running Serve app %r (%s)", cfg.app_name, info["model"])
                 return handle
-            logger.warning("running app %r serves %s/ctx %s, config wants %s/ctx %s: "
-                           "redeploying", cfg.app_name, info["model"], info["context_length"],
-                           engine.model_name, engine.context_length)
+            logger.warning("running app %r has other engine settings (%s); redeploying with "
+                           "this config's", cfg.app_name, info["model"])
     logger.info("deploying Serve app %r (%s engine, %s)", cfg.app_name, engine.kind,
                 engine.model_name)
     return serve.run(build_app(engine, cfg), name=cfg.app_name, route_prefix=None)

@@ -8,6 +8,7 @@ The engine kinds differ only in how the process is launched (see engines/).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -69,6 +70,10 @@ class EngineConfig(StrictModel):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
+
+    def config_hash(self) -> str:
+        """Identifies the engine settings: a running app with another hash is redeployed."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
 
 
 class AutoscalingConfig(StrictModel):

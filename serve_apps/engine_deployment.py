@@ -71,6 +71,7 @@ class EngineReplica:
     async def info(self) -> dict[str, Any]:
         self._ensure_relay()
         return {"replica": self.replica_id, "model": self.cfg.model_name,
+                "engine_config_hash": self.cfg.config_hash(),
                 "context_length": self.cfg.context_length, "engine_pid": self.engine.pid,
                 "engine_url": self.engine.base_url,
                 "max_running_requests": self.cfg.max_running_requests,

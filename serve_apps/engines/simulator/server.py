@@ -41,6 +41,7 @@ from serve_apps.engines.simulator.settings import FAULT_FIELDS, SimulatorSetting
 
 VERSION = "0.5.23-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024  # long input_ids lists are big JSON
+SHUTDOWN_GRACE_S = 1.0
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -234,7 +235,8 @@ def build_app(settings: SimulatorSettings) -> web.Application:
 
 async def serve(settings: SimulatorSettings, host: str, port: int) -> None:
     """Listen until SIGTERM/SIGINT, then shut down cleanly."""
-    runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None)
+    # Short shutdown grace: like SGLang on SIGTERM, in-flight requests are dropped, not drained for minutes.
+    runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -130,16 +130,15 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _parse_optional_int(text: str) -> int | None:
+    return None if text.strip().lower() in (_NONE_TOKEN, "null", "") else int(text)
+
+
 def _cli_parser_for(annotation: Any):
-    """argparse type callable for a field annotation (int, float, str, int | None)."""
-    if annotation is int:
-        return int
-    if annotation is float:
-        return float
-    if annotation is str:
-        return str
-
-    def optional_int(text: str) -> int | None:
-        return None if text.strip().lower() in (_NONE_TOKEN, "null", "") else int(text)
-
-    return optional_int
+    """argparse type callable for a field annotation."""
+    simple = {int: int, float: float, str: str}
+    if annotation in simple:
+        return simple[annotation]
+    if annotation == (int | None):
+        return _parse_optional_int
+    raise TypeError(f"no command-line parser for {annotation!r}; extend _cli_parser_for")

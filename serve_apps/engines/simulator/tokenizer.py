@@ -16,7 +16,7 @@ Design decisions:
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Iterable
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
 SPECIAL_IDS = {text: i for i, text in enumerate(SPECIAL_TOKENS)}
@@ -118,10 +118,6 @@ def token_piece(tok: int, skip_special_tokens: bool = True) -> str:
     if BYTE_BASE <= tok < WORD_BASE:
         return bytes([tok - BYTE_BASE]).decode("utf-8", errors="replace")
     return _PIECES[tok]
-
-
-def is_known(ids: Sequence[int]) -> bool:
-    return all(0 <= t < VOCAB_SIZE for t in ids)
 
 
 ASSISTANT_MARKER_TEXT = "<|im_start|>assistant\n"

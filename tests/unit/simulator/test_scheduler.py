@@ -33,7 +33,7 @@ def test_single_request_decodes_at_per_request_speed():
         return await timed(s, 10, 10, 2000), s.stats()
 
     elapsed, st = asyncio.run(go())
-    assert 0.2 <= elapsed < 0.3  # 2000 tok / 100 tok/s = 20 sim s = 0.2 wall s
+    assert 0.2 <= elapsed < 0.6  # 2000 tok / 100 tok/s = 20 sim s = 0.2 wall s
     assert (st.generation_tokens_total, st.prompt_tokens_total, st.requests_total, st.running, st.queued) == (2000, 10, 1, 0, 0)
 
 
@@ -43,7 +43,7 @@ def test_prefill_time_then_decode():
         return await timed(s, 20000, 20000, 100)
 
     elapsed = asyncio.run(go())
-    assert 0.2 + 0.01 <= elapsed < 0.3  # 20 sim s prefill + 1 sim s decode
+    assert 0.2 + 0.01 <= elapsed < 0.6  # 20 sim s prefill + 1 sim s decode
 
 
 def test_aggregate_cap_is_shared():
@@ -53,7 +53,7 @@ def test_aggregate_cap_is_shared():
         return await asyncio.gather(*(timed(s, 1, 1, 500) for _ in range(4)))
 
     for elapsed in asyncio.run(go()):
-        assert 0.1 <= elapsed < 0.16
+        assert 0.1 <= elapsed < 0.4  # lower bound: the cap is shared (unshared would be 0.05)
 
 
 def test_queue_is_fifo_and_bounded_by_max_running():
@@ -75,16 +75,19 @@ def test_queue_is_fifo_and_bounded_by_max_running():
     times, seen = asyncio.run(go())
     assert max(r for r, _ in seen) == 2 and max(q for _, q in seen) == 4
     # Three waves of 0.1 s each; FIFO order means later submissions finish later.
-    assert [round(t, 1) for t in times] == [0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
+    for wave, t in zip((1, 1, 2, 2, 3, 3), times):
+        assert 0.1 * wave - 0.001 <= t < 0.1 * wave + 0.3
+    assert max(times[:2]) < min(times[2:4]) and max(times[2:4]) < min(times[4:])  # FIFO across waves
 
 
 def test_slow_requests_take_slow_factor_longer():
     async def go():
-        s = make(time_scale=0.01)
+        s = make(time_scale=0.02)
         return await asyncio.gather(timed(s, 1, 1, 500), timed(s, 1, 1, 500, slow_factor=4.0))
 
     fast, slow = asyncio.run(go())
-    assert 0.05 <= fast < 0.08 and 0.2 <= slow < 0.26
+    # 500 tokens: 5 sim s = 0.1 wall s; four times slower = 0.4 wall s.
+    assert 0.1 <= fast < 0.35 and 0.4 <= slow < 0.8
 
 
 def test_zero_latency_mode_never_waits_but_counts():
@@ -96,7 +99,7 @@ def test_zero_latency_mode_never_waits_but_counts():
         return time.monotonic() - t, s.stats()
 
     elapsed, st = asyncio.run(go())
-    assert elapsed < 0.5
+    assert elapsed < 2.0  # 4M tokens at 3500 tok/s would be 1170 sim s if it waited
     assert st.generation_tokens_total == 4_096_000 and st.requests_total == 1000 and st.prompt_tokens_total == 100_000
     assert st.capacity_tok_s == 0.0 and st.running == 0
     assert st.spec_accept_length == pytest.approx(4096 / 1366)
@@ -115,7 +118,7 @@ def test_cancel_frees_the_slot():
         return elapsed, s.stats()
 
     elapsed, st = asyncio.run(go())
-    assert elapsed < 0.06 and st.running == 0 and st.requests_total == 1
+    assert elapsed < 2.0 and st.running == 0 and st.requests_total == 1  # the hog (10 s wall) was dropped
 
 
 def test_metrics_while_running():
@@ -156,5 +159,5 @@ def test_hundreds_of_concurrent_requests():
 
     elapsed, st = asyncio.run(go())
     # 800k tokens at the 3500 tok/s cap = 228.6 sim s = 0.229 wall s (plus prefill, negligible).
-    assert 0.22 <= elapsed < 0.5
+    assert 0.22 <= elapsed < 2.0
     assert st.generation_tokens_total == 800_000 and st.requests_total == 400

@@ -1,0 +1,477 @@
+"""What-if for the output budget: truncated fraction and cost at other caps.
+
+Design decisions:
+- A row cut at its budget (finish_reason == "length") is a right-censored observation:
+  its true length is *greater* than completion_tokens, not equal to it. Treating it as
+  a length of exactly the cap (what the story's first table did) biases every figure
+  down. Abort rows carry no length information about the budget and are left out.
+- Model: log(length) ~ Normal(mu, sigma) per category, fitted by maximum likelihood on
+  the censored sample (Tobit). We use Olsen's parametrisation (gamma = 1/sigma,
+  beta = mu/sigma), in which the censored-normal log-likelihood is globally concave, so
+  a damped Newton method converges from any start. Categories with fewer than
+  MIN_UNCENSORED uncensored rows use the pooled fit (reported in the notes). The run's
+  forecast is the mixture of category fits weighted by their row share.
+- Fits use sufficient statistics only (n, sum y, sum y^2 of uncensored rows; counts per
+  distinct censoring point), so 200 bootstrap resamples x all categories are fitted in
+  one vectorised Newton run: ~1 s for 100K rows. The range is the 5th-95th percentile
+  of the bootstrap (rows resampled with replacement, pooled over categories).
+- Normal tail via a vectorised erfc (Numerical Recipes' erfcc, fractional error
+  < 1.2e-7 everywhere) evaluated in log space, so tails never underflow; exact math.erfc
+  would need a Python loop per element.
+- Kaplan-Meier (nonparametric) is computed for caps up to the largest budget observed,
+  where the survival function is identifiable; above it every number is an
+  extrapolation of the lognormal shape and the output says so. The largest KM/model
+  gap is reported as a goodness-of-fit check.
+- GPU time is taken as proportional to expected output tokens per row (decode-bound;
+  prefill is the same at every cap). Long sequences also cost more per token
+  (attention over a longer KV cache), so raising the cap costs slightly more than shown.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+MIN_UNCENSORED = 20          # per-category fit needs this many observed lengths
+N_BOOT = 200
+CI = (5.0, 95.0)
+KM_MIN_AT_RISK = 10          # below this many rows at risk the KM estimate is too thin
+MAX_CENSOR_GROUPS = 128      # distinct censoring points kept exactly; beyond, 0.5% grid
+BIN_WIDTH = 0.02             # log-length bin of a cell (2% of a length), see Sample
+BOOT_CHUNK_CELLS = 2_000_000 # resample counts drawn per chunk: bounds memory
+FIT_GAP_WARN = 0.02          # |KM - model| above this: the lognormal shape is doubtful
+_LOG_HALF = math.log(0.5)
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+# --- normal tail, vectorised ---------------------------------------------------------
+
+def _log_erfc(x: np.ndarray) -> np.ndarray:
+    """log(erfc(x)); Numerical Recipes erfcc in log form, so no underflow for large x."""
+    x = np.asarray(x, dtype=float)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * a)
+    poly = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (
+        0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (
+            1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    log_pos = np.log(t) + poly
+    # erfc(-a) = 2 - erfc(a): lies in [1, 2], no precision issue on that side.
+    return np.where(x >= 0, log_pos, np.log(2.0 - np.exp(log_pos)))
+
+
+def log_q(z: np.ndarray) -> np.ndarray:
+    """log P(Z > z) for a standard normal."""
+    return _LOG_HALF + _log_erfc(np.asarray(z, dtype=float) / math.sqrt(2.0))
+
+
+def _mills(z: np.ndarray) -> np.ndarray:
+    """phi(z) / Q(z), the inverse Mills ratio, computed in log space."""
+    return np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_q(z))
+
+
+# --- censored-normal MLE on sufficient statistics, many problems at once -------------
+
+def _loglik(g, b, nu, s1, s2, m, c):
+    """Olsen-parametrised log-likelihood; arrays (M,), m (M,K), c (K,)."""
+    z = g[:, None] * c[None, :] - b[:, None]
+    return (nu * np.log(g) - 0.5 * (g * g * s2 - 2 * g * b * s1 + b * b * nu)
+            + (m * log_q(z)).sum(axis=1))
+
+
+def _newton_step(g, b, nu, s1, s2, m, c):
+    z = g[:, None] * c[None, :] - b[:, None]
+    lam = _mills(z)
+    delta = np.clip(lam * (lam - z), 1e-12, 1.0)  # d lam / dz, in (0, 1)
+    grad_g = nu / g - (g * s2 - b * s1) - (m * lam * c).sum(axis=1)
+    grad_b = g * s1 - b * nu + (m * lam).sum(axis=1)
+    h_gg = -nu / (g * g) - s2 - (m * delta * c * c).sum(axis=1)
+    h_gb = s1 + (m * delta * c).sum(axis=1)
+    h_bb = -nu - (m * delta).sum(axis=1)
+    det = h_gg * h_bb - h_gb * h_gb          # > 0: the Hessian is negative definite
+    step_g = -(h_bb * grad_g - h_gb * grad_b) / det
+    step_b = -(h_gg * grad_b - h_gb * grad_g) / det
+    return step_g, step_b
+
+
+def fit_censored(nu, s1, s2, m, c, max_iter: int = 100):
+    """MLE (mu, sigma) of censored normals, one per row of the inputs.
+
+    nu, s1, s2: count, sum and sum of squares of the uncensored values (M,);
+    m: (M, K) counts censored at c (K,) (value known to exceed c). Needs nu >= 2.
+    """
+    nu, s1, s2 = (np.asarray(v, dtype=float) for v in (nu, s1, s2))
+    m, c = np.asarray(m, dtype=float), np.asarray(c, dtype=float)
+    mean = s1 / nu
+    var = np.maximum(s2 / nu - mean * mean, 1e-6)
+    g = 1.0 / np.sqrt(var)
+    b = mean * g
+    ll = _loglik(g, b, nu, s1, s2, m, c)
+    for _ in range(max_iter):
+        dg, db = _newton_step(g, b, nu, s1, s2, m, c)
+        t = np.ones_like(g)
+        for _ in range(40):  # step halving, per problem, until the likelihood rises
+            g_new, b_new = g + t * dg, b + t * db
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ll_new = _loglik(np.where(g_new > 0, g_new, 1.0), b_new, nu, s1, s2, m, c)
+            bad = (g_new <= 0) | ~(ll_new >= ll - 1e-10 * np.abs(ll))
+            if not bad.any():
+                break
+            t = np.where(bad, t / 2, t)
+        g, b, ll = np.where(bad, g, g_new), np.where(bad, b, b_new), np.where(bad, ll, ll_new)
+        if np.all(np.abs(t * dg) <= 1e-10 * g) and np.all(np.abs(t * db) <= 1e-9):
+            break
+    g = np.minimum(g, 1e3)  # sigma >= 1e-3: identical lengths would send it to 0
+    return b / g, 1.0 / g
+
+
+# --- the sample -----------------------------------------------------------------------
+
+class Sample:
+    """Rows reduced to cells of interchangeable rows, which is all the fit needs.
+
+    Uncensored rows share a cell when category and log-length bin (BIN_WIDTH) agree;
+    the cell keeps the exact mean of y and y^2 of its rows, so the full-sample fit is
+    exact and a resample only ignores the spread inside a 2% bin (negligible against
+    sigma ~ 0.6). Censored rows share a cell when category and censoring point agree.
+    A 100K-row run becomes a few thousand cells, whatever the row count.
+    """
+
+    def __init__(self, df: pd.DataFrame):
+        finish = df["finish_reason"].astype(str).to_numpy()
+        keep = np.isin(finish, ("stop", "length"))
+        self.n_abort = int((~keep).sum())
+        tokens = np.maximum(df["completion_tokens"].to_numpy(dtype=float)[keep], 1.0)
+        cats = (df["category"].fillna("none").astype(str).to_numpy()[keep]
+                if "category" in df.columns else np.full(tokens.size, "none"))
+        self.categories, cat = np.unique(cats, return_inverse=True)
+        self.censored = finish[keep] == "length"
+        self.tokens, self.n = tokens, int(tokens.size)
+        logv = np.log(tokens)
+        self.y0 = float(np.median(logv)) if logv.size else 0.0  # centring: conditioning
+        logv = logv - self.y0
+        cens = logv[self.censored]
+        if np.unique(cens).size > MAX_CENSOR_GROUPS:
+            cens = np.round(cens / 0.005) * 0.005  # ~0.5% of a length: no visible effect
+        self.cvals, groups = np.unique(cens, return_inverse=True)
+        self._cells(cat.astype(np.int64), logv, groups)
+
+    def _cells(self, cat: np.ndarray, logv: np.ndarray, groups: np.ndarray) -> None:
+        slot = np.floor(logv / BIN_WIDTH).astype(np.int64)
+        slot = slot - (slot.min() if slot.size else 0)
+        slot[self.censored] = groups
+        width = int(slot.max()) + 1 if slot.size else 1
+        code = (cat * 2 + self.censored) * width + slot   # cat-major: contiguous per cat
+        codes, inv = np.unique(code, return_inverse=True)
+        unc = np.where(self.censored, 0.0, 1.0)
+        self.count = np.bincount(inv, minlength=codes.size).astype(float)
+        with np.errstate(invalid="ignore"):
+            self.ymean = np.bincount(inv, unc * logv, codes.size) / self.count
+            self.y2mean = np.bincount(inv, unc * logv ** 2, codes.size) / self.count
+        self.cell_cat = codes // (2 * width)
+        self.cell_cens = (codes // width) % 2 == 1
+        u_cat = self.cell_cat[~self.cell_cens]
+        self.u_cats, self.u_starts = np.unique(u_cat, return_index=True)
+        self.m_code = (self.cell_cat * self.cvals.size + codes % width)[self.cell_cens]
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.categories)
+
+    def stats(self, k: np.ndarray) -> tuple:
+        """Per-category (rows, nu, s1, s2) (B, G) and m (B, G, K) for cell counts k (B, cells)."""
+        G, K, B = self.n_groups, self.cvals.size, k.shape[0]
+        ku = k[:, ~self.cell_cens]
+        nu, s1, s2 = (np.zeros((B, G)) for _ in range(3))
+        if self.u_cats.size:
+            for out, x in ((nu, ku), (s1, ku * self.ymean[~self.cell_cens]),
+                           (s2, ku * self.y2mean[~self.cell_cens])):
+                out[:, self.u_cats] = np.add.reduceat(x, self.u_starts, axis=1)
+        m = np.zeros((B, G * K))
+        m[:, self.m_code] = k[:, self.cell_cens]   # one cell per (category, point)
+        m = m.reshape(B, G, K)
+        return nu + m.sum(2), nu, s1, s2, m
+
+
+def _predict(w, mu, sigma, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mixture P(L > C) and E[min(L, C)], shapes (B, len(caps))."""
+    lc = np.log(caps)[None, None, :]
+    mu, sigma, w = mu[..., None], sigma[..., None], w[..., None]
+    z = (lc - mu) / sigma
+    tail = np.exp(log_q(z))
+    # E[L; L <= C] = exp(mu + sigma^2/2) * Phi(z - sigma), in log space (no overflow).
+    below = np.exp(mu + 0.5 * sigma ** 2 + log_q(sigma - z))
+    mean = below + caps[None, None, :] * tail
+    return (w * tail).sum(1), (w * mean).sum(1)
+
+
+# --- Kaplan-Meier ---------------------------------------------------------------------
+
+def kaplan_meier(tokens: np.ndarray, censored: np.ndarray, caps: Sequence[float],
+                 limit: float) -> list:
+    """[(S(C), lo, hi, E[min(L, C)]) or None] per cap C; None above `limit`.
+
+    S(C) = P(L > C). A censored row stays at risk up to its censoring point (ties:
+    events first). Greenwood variance gives the 90% band. Above the largest budget any
+    row ran under (`limit`) S is not identifiable from the data, hence None.
+    """
+    times, d = np.unique(tokens[~censored], return_counts=True)
+    order = np.sort(tokens)
+    at_risk = order.size - np.searchsorted(order, times, side="left")
+    surv = np.cumprod(1.0 - d / at_risk)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        green = np.cumsum(d / (at_risk * (at_risk - d)))  # inf once S reaches 0
+    out: list = []
+    for cap in caps:
+        if cap > limit or not tokens.size:
+            out.append(None)
+            continue
+        j = int(np.searchsorted(times, cap, side="right"))  # events with time <= C
+        s = float(surv[j - 1]) if j else 1.0
+        var = float(green[j - 1]) if j else 0.0
+        se = s * math.sqrt(var) if np.isfinite(var) else 0.0
+        # E[min(L, C)] = integral of the step function S(t) over [0, C].
+        knots = np.concatenate([[0.0], times[:j], [cap]])
+        levels = np.concatenate([[1.0], surv[:j]])
+        mean = float((np.diff(knots) * levels).sum())
+        out.append((s, max(s - 1.645 * se, 0.0), min(s + 1.645 * se, 1.0), mean))
+    return out
+
+
+# --- the forecast ---------------------------------------------------------------------
+
+def latest_per_key(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per key, its latest version (a no-op for an already deduplicated frame)."""
+    if not {"key", "version"} <= set(df.columns) or not df["key"].duplicated().any():
+        return df
+    order = ["key", "version"] + (["created_at"] if "created_at" in df.columns else [])
+    return df.sort_values(order, kind="stable").drop_duplicates("key", keep="last")
+
+
+def current_cap(df: pd.DataFrame) -> Optional[int]:
+    """The budget the run's rows ran under: the largest held by >= 1% of rows.
+
+    After a continuation every row that needed more got the larger budget, so the
+    largest budget is the effective one; the 1% floor ignores a few odd rows.
+    """
+    if "max_new_tokens" in df.columns and df["max_new_tokens"].notna().any():
+        share = df["max_new_tokens"].dropna().astype(int).value_counts(normalize=True)
+        common = share[share >= 0.01]
+        return int((common if len(common) else share).index.max())
+    cut = df.loc[df["finish_reason"] == "length", "completion_tokens"]
+    return int(cut.max()) if len(cut) else (int(df["completion_tokens"].max()) if len(df)
+                                             else None)
+
+
+def _bootstrap_fit(sample: Sample, n_boot: int, seed: int):
+    """Fit on the full sample (row 0) and n_boot Poisson-bootstrap resamples (rows 1..).
+
+    Poisson bootstrap: each row gets a Poisson(1) weight, so a cell of c rows gets a
+    Poisson(c) count -- the standard large-sample stand-in for resampling n rows with
+    replacement, and it can be drawn per cell instead of per row.
+    """
+    rng = np.random.default_rng(seed)
+    parts = [sample.stats(sample.count[None, :])]
+    chunk = max(1, BOOT_CHUNK_CELLS // max(sample.count.size, 1))
+    for start in range(0, n_boot, chunk):
+        size = min(chunk, n_boot - start)
+        parts.append(sample.stats(rng.poisson(sample.count, (size, sample.count.size))
+                                  .astype(float)))
+    return _fit_resamples(sample, [np.concatenate(x) for x in zip(*parts)])
+
+
+def _fit_resamples(sample: Sample, stats: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, mu, sigma), each (B, G): per-category fits, pooled where too thin."""
+    G, K = sample.n_groups, sample.cvals.size
+    rows, nu, s1, s2, m = stats                                            # (B, G[, K])
+
+    def with_pooled(a):  # the pooled problem rides along as category G
+        return np.concatenate([a, a.sum(1, keepdims=True)], 1)
+
+    nu_a, s1_a, s2_a = (with_pooled(a).reshape(-1) for a in (nu, s1, s2))
+    m_a = with_pooled(m).reshape(-1, K)
+    ok = nu_a >= 2
+    mu, sigma = np.full(nu_a.size, np.nan), np.full(nu_a.size, np.nan)
+    if ok.any():
+        mu[ok], sigma[ok] = fit_censored(nu_a[ok], s1_a[ok], s2_a[ok], m_a[ok], sample.cvals)
+    mu, sigma = mu.reshape(-1, G + 1), sigma.reshape(-1, G + 1)
+    thin = (nu[0] < MIN_UNCENSORED)[None, :] | (nu < 2)   # decided on the full sample
+    mu_g = np.where(thin, mu[:, G:], mu[:, :G]) + sample.y0
+    sig_g = np.where(thin, sigma[:, G:], sigma[:, :G])
+    return rows / rows.sum(1, keepdims=True), mu_g, sig_g
+
+
+def _row(cap, point, lo, hi, km, extrapolated, method) -> dict[str, Any]:
+    def r(x, nd):
+        return None if x is None or not np.isfinite(x) else round(float(x), nd)
+    return {
+        "cap": int(cap), "method": method, "extrapolated": extrapolated,
+        "truncated_fraction": r(point[0], 5), "truncated_lo": r(lo[0], 5),
+        "truncated_hi": r(hi[0], 5), "mean_tokens": r(point[1], 1),
+        "mean_tokens_lo": r(lo[1], 1), "mean_tokens_hi": r(hi[1], 1),
+        "relative_gpu_time": r(point[2], 4), "relative_gpu_time_lo": r(lo[2], 4),
+        "relative_gpu_time_hi": r(hi[2], 4),
+        "km_truncated_fraction": r(km[0], 5) if km else None,
+        "km_lo": r(km[1], 5) if km else None, "km_hi": r(km[2], 5) if km else None,
+        "km_mean_tokens": r(km[3], 1) if km else None,
+    }
+
+
+def _category_fits(sample: Sample, w, mu, sigma) -> list[dict[str, Any]]:
+    rows, nu, _, _, _ = (x[0] for x in sample.stats(sample.count[None, :]))
+    return [{"category": str(name), "rows": int(rows[g]),
+             "truncated": int(rows[g] - nu[g]), "share": round(float(w[0, g]), 4),
+             "pooled_fallback": bool(nu[g] < MIN_UNCENSORED),
+             "median_tokens": round(float(np.exp(mu[0, g])), 1),
+             "mu": round(float(mu[0, g]), 4), "sigma": round(float(sigma[0, g]), 4)}
+            for g, name in enumerate(sample.categories)]
+
+
+def _fit_gap(sample: Sample, w, mu, sigma, cap: int) -> Optional[float]:
+    """Largest |KM - model| of P(L > C) over C in the observed range: a fit check."""
+    observed = sample.tokens[~sample.censored]
+    if observed.size < 10:
+        return None
+    grid = np.unique(np.append(np.quantile(observed, np.linspace(0.1, 0.9, 9)), cap))
+    km = kaplan_meier(sample.tokens, sample.censored, grid, cap)
+    model, _ = _predict(w[:1], mu[:1], sigma[:1], grid.astype(float))
+    return max(abs(k[0] - p) for k, p in zip(km, model[0]) if k is not None)
+
+
+DEFAULT_CAPS = (2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384, 32768)
+METHOD = "lognormal censored MLE, per-category mix"
+
+
+def default_caps(cap: Optional[int]) -> list[int]:
+    if cap is None:
+        return list(DEFAULT_CAPS)
+    return sorted({c for c in DEFAULT_CAPS if cap / 2 <= c <= cap * 8} | {cap})
+
+
+def _notes(cap: int, sample: Sample) -> list[str]:
+    notes = [
+        f"Rows cut at their budget are right-censored (true length > budget), not lengths "
+        f"equal to it; fitted by censored maximum likelihood (log-length normal per "
+        f"category, mixed by row share). Ranges: {CI[0]:g}th-{CI[1]:g}th percentile of a "
+        f"row bootstrap.",
+        f"Caps above {cap} are EXTRAPOLATIONS of the fitted lognormal shape: no length "
+        f"beyond {cap} was observed. Kaplan-Meier (nonparametric) figures exist only for "
+        f"caps <= {cap}.",
+        "Relative GPU time = expected output tokens per row / that at the current cap "
+        "(decode-bound; prefill is equal at every cap). Longer sequences cost a little more "
+        "per token, so raising the cap costs somewhat more than shown.",
+    ]
+    if sample.n_abort:
+        notes.append(f"{sample.n_abort} aborted rows are left out of the fit.")
+    return notes
+
+
+def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
+                    n_boot: int = N_BOOT, seed: int = 0) -> dict[str, Any]:
+    """The what-if over caps, with fit details and notes (see the module docstring).
+
+    df: the run's rows (finish_reason, completion_tokens; category, max_new_tokens,
+    key/version optional). Several versions of a key are reduced to the latest.
+    """
+    df = latest_per_key(df)
+    sample, cap = Sample(df), current_cap(df)
+    caps = sorted({int(c) for c in (caps or default_caps(cap))})
+    out: dict[str, Any] = {
+        "current_cap": cap, "caps": caps, "method": METHOD, "rows_fitted": sample.n,
+        "truncated_rows": int(sample.censored.sum()), "abort_rows_excluded": sample.n_abort,
+        "n_boot": n_boot, "ci_percentiles": list(CI), "categories": [], "fit_gap": None,
+        "rows": [], "notes": []}
+    if sample.n == 0 or cap is None:
+        out["notes"].append("No finished (stop/length) rows: nothing to forecast.")
+        return out
+    out["notes"] = _notes(cap, sample)
+    km = kaplan_meier(sample.tokens, sample.censored, caps, cap)
+    if (~sample.censored).sum() < 2:
+        out["notes"].append(
+            "Every row (or all but one) hit its budget, so no length distribution can be "
+            "fitted: only P(L > C) = 1 below the cap is known. Run a pilot at a higher cap.")
+        empty = (None, None, None)
+        out["rows"] = [_row(c, empty, empty, empty, k, c > cap, "kaplan-meier only")
+                       for c, k in zip(caps, km)]
+        return out
+    w, mu, sigma = _bootstrap_fit(sample, n_boot, seed)
+    grid = np.array(sorted(set(caps) | {cap}), dtype=float)
+    trunc, mean = _predict(w, mu, sigma, grid)
+    rel = mean / mean[:, [int(np.searchsorted(grid, cap))]]
+    stacked = np.stack([trunc, mean, rel], axis=-1)                  # (B+1, caps, 3)
+    boot = stacked[1:] if n_boot else np.full((1,) + stacked.shape[1:], np.nan)
+    with warnings.catch_warnings():  # a resample with no rows yields NaN: ignored
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanpercentile(boot, CI, axis=0)
+    for c, k in zip(caps, km):
+        i = int(np.searchsorted(grid, c))
+        method = METHOD + (f"; extrapolated above observed cap {cap}" if c > cap else "")
+        out["rows"].append(_row(c, stacked[0, i], lo[i], hi[i], k, c > cap, method))
+    out["categories"] = _category_fits(sample, w, mu, sigma)
+    thin = [f["category"] for f in out["categories"] if f["pooled_fallback"]]
+    if thin:
+        out["notes"].append(
+            f"Categories with < {MIN_UNCENSORED} finished rows use the pooled fit: "
+            f"{', '.join(thin[:10])}{' ...' if len(thin) > 10 else ''}. If they are mostly "
+            f"truncated, their lengths are underestimated.")
+    gap = _fit_gap(sample, w, mu, sigma, cap)
+    out["fit_gap"] = None if gap is None else round(float(gap), 4)
+    if gap is not None and gap > FIT_GAP_WARN:
+        out["notes"].append(
+            f"Fit check: the lognormal misses the Kaplan-Meier curve by up to {gap:.1%} "
+            f"below the cap; treat the extrapolations with extra caution.")
+    return out
+
+
+def forecast(df: pd.DataFrame, caps: Sequence[int], n_boot: int = N_BOOT,
+             seed: int = 0) -> list[dict[str, Any]]:
+    """Per cap: cap, truncated_fraction(+_lo/_hi), mean_tokens(+_lo/_hi),
+    relative_gpu_time(+_lo/_hi), method, extrapolated, km_* (None above the cap)."""
+    return forecast_report(df, caps, n_boot=n_boot, seed=seed)["rows"]
+
+
+# --- pilot ----------------------------------------------------------------------------
+
+MIN_PILOT_PER_GROUP = 5
+
+
+def _allocate(sizes: pd.Series, n: int, floor_n: int) -> pd.Series:
+    """Proportional quotas summing to n, each in [min(floor_n, size), size]."""
+    target = n * sizes / sizes.sum()
+    floor = sizes.clip(upper=floor_n)
+    quota = target.round().astype(int).clip(lower=floor, upper=sizes)
+    n = max(n, int(floor.sum()))  # the floors win over n: every category is seen
+    while quota.sum() > n:      # take from the most over-served group above its floor
+        gap = (quota - target).where(quota > floor)
+        quota[gap.idxmax()] -= 1
+    while quota.sum() < n:      # give to the most under-served group with rows left
+        gap = (target - quota).where(quota < sizes)
+        quota[gap.idxmax()] += 1
+    return quota
+
+
+def pilot_sample(df_prompts: pd.DataFrame, n: int, by: str = "category",
+                 seed: int = 0, min_per_group: int = MIN_PILOT_PER_GROUP) -> pd.DataFrame:
+    """A stratified sample of about n prompts for a pilot run at a high cap.
+
+    Proportional to each group's share, but at least min_per_group per group (or the
+    whole group when smaller), so every category gets a length estimate; the floors may
+    push the total slightly above n. Rows keep their input order. Missing values of
+    `by` form the group "none".
+    """
+    if n >= len(df_prompts):
+        return df_prompts.copy()
+    groups = (df_prompts[by].fillna("none").astype(str) if by in df_prompts.columns
+              else pd.Series("none", index=df_prompts.index))
+    sizes = groups.value_counts().sort_index()  # sorted: same seed -> same sample
+    quota = _allocate(sizes, n, min_per_group)
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for name, k in quota.items():
+        members = np.flatnonzero((groups == name).to_numpy())
+        chosen.append(rng.choice(members, size=int(k), replace=False))
+    picks = np.sort(np.concatenate(chosen)) if chosen else np.array([], dtype=int)
+    return df_prompts.iloc[picks].copy()

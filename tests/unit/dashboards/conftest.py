@@ -1,0 +1,60 @@
+"""Shared helpers for the dashboards tests."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterable, List, Set
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+DASH = REPO / "dashboards"
+RULES = DASH / "prometheus" / "raygen_rules.yml"
+RULES_TEST = DASH / "prometheus" / "raygen_rules_test.yml"
+DASHBOARD_JSON = DASH / "grafana" / "raygen.json"
+PROVISIONING = DASH / "grafana" / "provisioning"
+PROM_CONFIG = REPO / "cluster" / "prometheus" / "prometheus.yml"
+
+_METRIC_RE = re.compile(r"(?<![\w:])(ray_raygen_\w+)")
+_RECORD_RE = re.compile(r"(?<![\w:])(raygen:\w+:\w+)")
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Path of promtool. Fails (never skips): these checks are the point of the suite."""
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail(
+            "promtool not found on PATH. Install it with `apt-get install -y prometheus` "
+            "(Debian; provides promtool) or via the project's setup target, then re-run.",
+            pytrace=False,
+        )
+    return path
+
+
+def run_promtool(promtool: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def metric_names(exprs: Iterable[str]) -> Set[str]:
+    return {m for e in exprs for m in _METRIC_RE.findall(e)}
+
+
+def record_names(exprs: Iterable[str]) -> Set[str]:
+    return {m for e in exprs for m in _RECORD_RE.findall(e)}
+
+
+def load_yaml(path: Path):
+    return yaml.safe_load(path.read_text())
+
+
+def all_rules() -> List[dict]:
+    return [r for g in load_yaml(RULES)["groups"] for r in g["rules"]]

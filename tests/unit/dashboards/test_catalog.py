@@ -1,0 +1,77 @@
+"""The metrics contract: catalog <-> METRICS.md, and the catalog stays import-light."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from dashboards import metrics_catalog as mc
+
+from .conftest import DASH, REPO
+
+
+def test_catalog_entries_are_well_formed():
+    assert len(mc.CATALOG) == len({m.name for m in mc.CATALOG})
+    for m in mc.CATALOG:
+        assert re.fullmatch(r"raygen_[a-z0-9_]+", m.name), m.name
+        assert m.type in (mc.COUNTER, mc.GAUGE, mc.HISTOGRAM), m
+        assert m.source in (mc.REPLICA, mc.JOB), m
+        assert m.description.strip(), m
+        # Serve adds these itself and rejects them as user tag keys.
+        assert not set(m.labels) & set(mc.SERVE_LABELS), m
+        if m.source == mc.JOB or m.type != mc.GAUGE:
+            assert {"run", "model"} <= set(m.labels), f"{m.name} must carry run and model"
+        else:
+            assert "model" in m.labels, m
+
+
+def test_exported_names_follow_ray_conventions():
+    assert mc.OUTPUT_TOKENS.prom_name == "ray_raygen_output_tokens_total"
+    assert mc.ACCEPT_LENGTH.series_names == (
+        "ray_raygen_accept_length_bucket", "ray_raygen_accept_length_sum", "ray_raygen_accept_length_count")
+    # A gauge keeps its name even when it ends in _total.
+    assert mc.JOB_ROWS_TOTAL.prom_name == "ray_raygen_job_rows_total"
+    assert "completions" in mc.COMPLETIONS.name and "finish_reason" in mc.COMPLETIONS.labels
+
+
+def test_metrics_md_lists_exactly_the_catalog():
+    text = (DASH / "METRICS.md").read_text()
+    rows = dict(re.findall(r"^\| `(ray_raygen_\w+)` \| (\w+) \|", text, flags=re.M))
+    assert set(rows) == set(mc.BY_PROM_NAME), (
+        f"only in METRICS.md: {set(rows) - set(mc.BY_PROM_NAME)}; "
+        f"only in catalog: {set(mc.BY_PROM_NAME) - set(rows)}")
+    for name, typ in rows.items():
+        assert mc.BY_PROM_NAME[name].type == typ, f"{name}: METRICS.md says {typ}"
+
+
+def test_catalog_import_does_not_pull_in_ray():
+    code = "import sys, dashboards.metrics_catalog; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_emitters_use_only_catalog_names_and_types():
+    """serve_apps/ and jobs/ name their metrics with string literals today; each must
+    be in the catalog, and a direct Counter/Gauge/Histogram(...) call must match its type."""
+    import ast
+
+    kinds = {"Counter": mc.COUNTER, "Gauge": mc.GAUGE, "Histogram": mc.HISTOGRAM}
+    seen, mismatched = set(), []
+    for folder in ("serve_apps", "jobs"):
+        for path in (REPO / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                        and re.fullmatch(r"raygen_[a-z0-9_]+", node.value):
+                    seen.add((node.value, str(path.relative_to(REPO))))
+                if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                    fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                    name = node.args[0].value
+                    if fn in kinds and isinstance(name, str) and name in mc.BY_NAME \
+                            and mc.BY_NAME[name].type != kinds[fn]:
+                        mismatched.append(f"{path.relative_to(REPO)}: {name} is a {fn}, catalog says "
+                                          f"{mc.BY_NAME[name].type}")
+    unknown = sorted(f"{p}: {n}" for n, p in seen if n not in mc.BY_NAME)
+    assert not unknown, f"metric names not in dashboards/metrics_catalog.py: {unknown}"
+    assert not mismatched, mismatched

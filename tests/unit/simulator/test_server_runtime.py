@@ -1,0 +1,153 @@
+"""Timing, batching, faults and process lifecycle of the real simulator process."""
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+
+import pytest
+
+from serve_apps.engines.simulator import tokenizer as tk
+
+LABEL = '{model_name="sim-qwen"}'
+
+
+def test_continuous_batching_limits_running_and_queues(sim_factory):
+    # One request = 100 tokens at 100 tok/s = 1 sim s = 0.4 wall s; 6 requests on 2 slots = 3 waves.
+    sim = sim_factory(max_running_requests=2, time_scale=0.4, accept_length=0)
+    results: list = [None] * 6
+
+    def fire(i: int) -> None:
+        results[i] = sim.call("/generate", {"text": f"job {i}", "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}})
+
+    threads = [threading.Thread(target=fire, args=(i,)) for i in range(6)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    running, queued = [], []
+    while any(t.is_alive() for t in threads):
+        mtr = sim.metrics()
+        running.append(mtr["sglang:num_running_reqs" + LABEL])
+        queued.append(mtr["sglang:num_queue_reqs" + LABEL])
+        time.sleep(0.03)
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    assert max(running) == 2 and max(queued) > 0
+    assert all(status == 200 for status, _ in results)
+    assert elapsed >= 1.2  # three waves of 0.4 s
+    latencies = sorted(body["meta_info"]["e2e_latency"] for _, body in results)
+    assert latencies[-1] >= 1.2 - 0.01 and latencies[0] >= 0.4 - 0.01
+    assert all("spec_verify_ct" not in body["meta_info"] for _, body in results)  # accept_length 0: spec off
+    final = sim.metrics()
+    assert final["sglang:num_running_reqs" + LABEL] == 0 and final["sglang:num_queue_reqs" + LABEL] == 0
+    assert final["sglang:generation_tokens_total" + LABEL] == 600
+    assert final["sglang:sim_capacity_tok_s" + LABEL] == pytest.approx(3500 / 0.4)
+    assert final["sglang:gen_throughput" + LABEL] > 0
+
+
+def test_latency_follows_decode_speed_and_prefill(sim_factory):
+    sim = sim_factory(time_scale=0.005, prefill_tok_s=1000.0)
+    # 2000 tokens at 100 tok/s = 20 sim s; 1000 prompt tokens at 1000 tok/s = 1 sim s -> 0.105 wall s.
+    ids = [tk.BYTE_BASE + 98] * 1000
+    status, body = sim.call("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}})
+    assert status == 200
+    assert 0.104 <= body["meta_info"]["e2e_latency"] < 1.0
+    # Same prompt again: its prefix is cached, so prefill is shorter and cached_tokens reported.
+    status, body = sim.call("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 10}})
+    assert body["meta_info"]["cached_tokens"] == 992  # whole 16-token blocks of the 1000-token prompt
+
+
+def test_zero_latency_mode_is_fast(sim_fast):
+    # 8000 tokens would take 80 s at time_scale 1; zero-latency answers as fast as it can compute.
+    for i in range(5):
+        status, body = sim_fast.call("/generate", {"text": f"quick {i}", "sampling_params": {"max_new_tokens": 8000, "ignore_eos": True}})
+        assert status == 200 and body["meta_info"]["completion_tokens"] == 8000
+        assert body["meta_info"]["e2e_latency"] < 2.0
+
+
+def test_error_rate_gives_500s_and_clearing_restores_200s(sim_factory):
+    sim = sim_factory(time_scale=0.0)
+    status, faults = sim.call("/sim/faults", {"error_rate": 1.0})
+    assert status == 200 and faults["error_rate"] == 1.0 and faults["error_status"] == 500
+    for _ in range(5):
+        status, body = sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}})
+        assert status == 500
+        assert body["object"] == "error" and body["type"] == "InternalServerError" and body["code"] == 500
+    # Validation still comes first: a bad request stays a 400.
+    assert sim.call("/generate", {"text": "x", "sampling_params": {"bogus": 1}})[0] == 400
+    sim.call("/sim/faults", {"error_rate": 0.5, "error_status": 503})
+    statuses = {sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}})[0] for _ in range(40)}
+    assert statuses == {200, 503}  # random per request, so a retry can succeed
+    status, faults = sim.call("/sim/faults", {"error_rate": 0.0})
+    assert faults["error_rate"] == 0.0
+    assert all(sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}})[0] == 200 for _ in range(5))
+
+
+def test_slow_rate_makes_requests_slower(sim_factory):
+    sim = sim_factory(time_scale=0.01, slow_rate=1.0, slow_factor=5.0)
+    # 500 tokens at 100/5 tok/s = 25 sim s = 0.25 wall s (vs 0.05 when fast).
+    body = {"text": "slow", "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}
+    assert sim.call("/generate", body)[1]["meta_info"]["e2e_latency"] >= 0.25
+    sim.call("/sim/faults", {"slow_rate": 0.0})
+    assert 0.05 <= sim.call("/generate", body)[1]["meta_info"]["e2e_latency"] < 0.25
+
+
+def test_crash_after_requests_kills_the_process(sim_factory):
+    sim = sim_factory(time_scale=0.0, crash_after_requests=3)
+    for _ in range(2):
+        assert sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}})[0] == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}}, timeout=10)
+    assert sim.proc.wait(timeout=10) == 1
+    assert "simulated crash after 3" in sim.output()
+
+
+def test_crash_can_be_armed_at_runtime(sim_factory):
+    sim = sim_factory(time_scale=0.0)
+    for _ in range(5):
+        sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}})
+    status, faults = sim.call("/sim/faults", {"crash_after_requests": 2})  # counts from now
+    assert status == 200 and faults["crash_after_requests"] == 2
+    assert sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}})[0] == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        sim.call("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4}}, timeout=10)
+    assert sim.proc.wait(timeout=10) == 1
+
+
+def test_health_is_503_during_startup_then_sigterm_exits_0(sim_factory):
+    sim = sim_factory(require_ready=False, startup_s=1.0, time_scale=0.0)
+    assert "simulator ready on http://127.0.0.1:" in sim.output()
+    assert sim.call("/health")[0] == 503
+    assert sim.call("/health_generate")[0] == 503
+    status, body = sim.call("/generate", {"text": "early"})
+    assert status == 503 and body["type"] == "ServiceUnavailable"
+    sim.wait_listening(require_ready=True)
+    assert time.monotonic() - sim.started_at >= 1.0
+    assert sim.call("/generate", {"text": "now"})[0] == 200
+    os.kill(sim.proc.pid, signal.SIGTERM)
+    assert sim.proc.wait(timeout=10) == 0
+
+
+def test_sigterm_with_requests_in_flight_exits_0_promptly(sim_factory):
+    sim = sim_factory(time_scale=1.0)  # a 1000-token request would take 10 s
+    errors = []
+
+    def fire() -> None:
+        try:
+            errors.append(sim.call("/generate", {"text": "long", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}))
+        except OSError as e:  # the connection is dropped at shutdown
+            errors.append(e)
+
+    thread = threading.Thread(target=fire)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while sim.metrics()["sglang:num_running_reqs" + LABEL] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    os.kill(sim.proc.pid, signal.SIGTERM)
+    assert sim.proc.wait(timeout=10) == 0
+    assert time.monotonic() - t0 < 5
+    thread.join(timeout=10)
+    assert errors and not (isinstance(errors[0], tuple) and errors[0][0] == 200)
