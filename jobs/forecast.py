@@ -111,7 +111,11 @@ def fit_censored(nu, s1, s2, m, c, max_iter: int = 100):
     b = mean * g
     ll = _loglik(g, b, nu, s1, s2, m, c)
     for _ in range(max_iter):
-        dg, db = _newton_step(g, b, nu, s1, s2, m, c)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dg, db = _newton_step(g, b, nu, s1, s2, m, c)
+        # A degenerate problem (e.g. identical lengths) gives a singular Hessian: stay put.
+        dg, db = np.nan_to_num(dg, posinf=0.0, neginf=0.0), np.nan_to_num(db, posinf=0.0,
+                                                                           neginf=0.0)
         t = np.ones_like(g)
         for _ in range(40):  # step halving, per problem, until the likelihood rises
             g_new, b_new = g + t * dg, b + t * db
@@ -157,6 +161,8 @@ class Sample:
         if np.unique(cens).size > MAX_CENSOR_GROUPS:
             cens = np.round(cens / 0.005) * 0.005  # ~0.5% of a length: no visible effect
         self.cvals, groups = np.unique(cens, return_inverse=True)
+        if not self.cvals.size:  # nothing censored: one empty point keeps shapes (., K>0)
+            self.cvals = np.zeros(1)
         self._cells(cat.astype(np.int64), logv, groups)
 
     def _cells(self, cat: np.ndarray, logv: np.ndarray, groups: np.ndarray) -> None:
@@ -301,7 +307,8 @@ def _fit_resamples(sample: Sample, stats: list) -> tuple[np.ndarray, np.ndarray,
     thin = (nu[0] < MIN_UNCENSORED)[None, :] | (nu < 2)   # decided on the full sample
     mu_g = np.where(thin, mu[:, G:], mu[:, :G]) + sample.y0
     sig_g = np.where(thin, sigma[:, G:], sigma[:, :G])
-    return rows / rows.sum(1, keepdims=True), mu_g, sig_g
+    with np.errstate(invalid="ignore"):  # an empty resample: NaN, dropped later
+        return rows / rows.sum(1, keepdims=True), mu_g, sig_g
 
 
 def _row(cap, point, lo, hi, km, extrapolated, method) -> dict[str, Any]:
@@ -399,8 +406,9 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
         return out
     w, mu, sigma = _bootstrap_fit(sample, n_boot, seed)
     grid = np.array(sorted(set(caps) | {cap}), dtype=float)
-    trunc, mean = _predict(w, mu, sigma, grid)
-    rel = mean / mean[:, [int(np.searchsorted(grid, cap))]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        trunc, mean = _predict(w, mu, sigma, grid)
+        rel = mean / mean[:, [int(np.searchsorted(grid, cap))]]
     stacked = np.stack([trunc, mean, rel], axis=-1)                  # (B+1, caps, 3)
     boot = stacked[1:] if n_boot else np.full((1,) + stacked.shape[1:], np.nan)
     with warnings.catch_warnings():  # a resample with no rows yields NaN: ignored

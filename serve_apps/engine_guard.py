@@ -60,8 +60,7 @@ def main(argv: list[str]) -> int:
         if code is not None:
             return code
         if not _parent_alive(args.parent_pid):
-            print(f"engine_guard: replica {args.parent_pid} is gone; stopping the engine",
-                  flush=True)
+            # No logging first: our stdout is a pipe to the dead replica (EPIPE).
             _kill_group(child)
         time.sleep(POLL_S)
 

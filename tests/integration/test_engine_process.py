@@ -1,0 +1,164 @@
+"""The engine supervisor with a real simulator process: start, health, stop, no orphans,
+death while starting, and the guard killing the engine when its replica is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from serve_apps.config import EngineConfig
+from serve_apps.engine_client import EngineClient
+from serve_apps.engine_process import EngineProcess, free_port
+from serve_apps.engines import launch_command
+from serve_apps.errors import EngineStartError
+from serve_apps.generation import Generator
+
+pytestmark = pytest.mark.integration
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still "exists"; it is dead for our purpose.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def _group_pids(pgid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _engine(**sim) -> EngineProcess:
+    cfg = EngineConfig(kind="simulator", context_length=8192,
+                       speculative={"algorithm": "NEXTN"},
+                       simulator={"time_scale": 0.001, **sim})
+    port = free_port()
+    return EngineProcess(launch_command(cfg, "127.0.0.1", port, free_port()), "127.0.0.1",
+                         port, name="engine-test")
+
+
+def test_start_health_stop_leaves_no_process():
+    engine = _engine()
+    engine.start()
+    engine.wait_ready(timeout_s=30)
+    assert engine.health_ok()
+    pgid = engine.pid
+    assert len(_group_pids(pgid)) >= 2  # the guard and the engine
+    engine.stop()
+    engine.stop()  # safe twice
+    deadline = time.monotonic() + 10
+    while _group_pids(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _group_pids(pgid) == []
+
+
+def test_engine_dying_while_starting_fails_fast_with_its_output():
+    engine = _engine()
+    engine.command = engine.command + ["--no-such-flag"]
+    engine.start()
+    started = time.monotonic()
+    with pytest.raises(EngineStartError, match="exited with code"):
+        engine.wait_ready(timeout_s=60)
+    assert time.monotonic() - started < 30
+    assert "no-such-flag" in engine.last_lines()
+
+
+def test_startup_timeout_names_the_setting():
+    engine = _engine(startup_s=30)
+    engine.start()
+    with pytest.raises(EngineStartError, match="start_timeout_s"):
+        engine.wait_ready(timeout_s=2)
+    assert not engine.is_alive()
+
+
+def test_guard_kills_engine_when_the_replica_is_sigkilled(tmp_path):
+    pid_file = tmp_path / "engine.pid"
+    script = textwrap.dedent(f"""
+        import time
+        from tests.integration.test_engine_process import _engine
+        e = _engine()
+        e.start(); e.wait_ready(30)
+        open({str(pid_file)!r}, "w").write(str(e.pid))
+        time.sleep(600)
+    """)
+    replica = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pgid = int(pid_file.read_text())
+    assert _group_pids(pgid)
+    replica.send_signal(signal.SIGKILL)  # no __del__, no atexit: only the guard can act
+    replica.wait()
+    deadline = time.monotonic() + 20
+    while _group_pids(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group_pids(pgid) == [], "engine outlived its replica"
+
+
+@pytest.fixture(scope="module")
+def sim_engine():
+    engine = _engine()
+    engine.start()
+    engine.wait_ready(30)
+    yield engine
+    engine.stop()
+
+
+def _generate(engine: EngineProcess, *requests: dict, context_length: int = 8192) -> list:
+    """Run requests through one Generator inside one event loop (as a replica does)."""
+    async def go():
+        client = EngineClient(engine.base_url, 30)
+        gen = Generator(client, context_length, "</think>", "r0", engine.is_alive)
+        try:
+            return [await gen.generate(r) for r in requests]
+        finally:
+            await client.close()
+    return asyncio.run(go())
+
+
+def _request(**kw) -> dict:
+    req = {"key": "k1", "run": "t", "category": "c", "tools": None, "input_ids": None,
+           "messages": [{"role": "user", "content": "Prove that 17 is prime."}],
+           "max_new_tokens": 4096, "sampling": {"temperature": 0.6},
+           "context_policy": "reject"}
+    req.update(kw)
+    return req
+
+
+def test_generation_result_fields(sim_engine):
+    result, again = _generate(sim_engine, _request(), _request())
+    assert result["error_class"] is None
+    assert result["completion_tokens"] == len(result["output_token_ids"]) > 0
+    assert result["prompt_tokens"] == len(result["prompt_token_ids"])
+    assert result["finish_reason"] in ("stop", "length")
+    assert result["effective_max_new_tokens"] == 4096 and result["budget_clamped_by"] == ""
+    assert result["accept_length"] == pytest.approx(
+        result["completion_tokens"] / result["spec_verify_ct"])
+    assert again["output_token_ids"] == result["output_token_ids"]  # deterministic
+
+
+def test_context_guard_clamps_or_rejects(sim_engine):
+    big = _request(max_new_tokens=8190)
+    rejected, clamped = _generate(sim_engine, big, dict(big, context_policy="clamp"))
+    assert rejected["error_class"] == "context_overflow" and not rejected["retryable"]
+    assert "context_length is 8192" in rejected["error_message"]
+    assert clamped["error_class"] is None
+    room = 8192 - clamped["prompt_tokens"]
+    assert clamped["effective_max_new_tokens"] == room < 8190
+    assert clamped["budget_clamped_by"] == "context_guard"
+
+
+def test_bad_sampling_key_is_a_non_retryable_row_error(sim_engine):
+    (result,) = _generate(sim_engine, _request(sampling={"temprature": 0.6}))
+    assert result["error_class"] == "bad_request" and result["retryable"] is False
+    assert "temprature" in result["error_message"]
