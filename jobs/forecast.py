@@ -1,30 +1,26 @@
 """What-if for the output budget: truncated fraction and cost at other caps.
 
 Design decisions:
-- A row cut at its budget (finish_reason == "length") is a right-censored observation:
-  its true length is *greater* than completion_tokens, not equal to it. Treating it as
-  a length of exactly the cap (what the story's first table did) biases every figure
-  down. Abort rows carry no length information about the budget and are left out.
-- Model: log(length) ~ Normal(mu, sigma) per category, fitted by maximum likelihood on
-  the censored sample (Tobit). We use Olsen's parametrisation (gamma = 1/sigma,
-  beta = mu/sigma), in which the censored-normal log-likelihood is globally concave, so
-  a damped Newton method converges from any start. Categories with fewer than
-  MIN_UNCENSORED uncensored rows use the pooled fit (reported in the notes). The run's
-  forecast is the mixture of category fits weighted by their row share.
-- Fits use sufficient statistics only (n, sum y, sum y^2 of uncensored rows; counts per
-  distinct censoring point), so 200 bootstrap resamples x all categories are fitted in
-  one vectorised Newton run: ~1 s for 100K rows. The range is the 5th-95th percentile
-  of the bootstrap (rows resampled with replacement, pooled over categories).
-- Normal tail via a vectorised erfc (Numerical Recipes' erfcc, fractional error
-  < 1.2e-7 everywhere) evaluated in log space, so tails never underflow; exact math.erfc
-  would need a Python loop per element.
-- Kaplan-Meier (nonparametric) is computed for caps up to the largest budget observed,
-  where the survival function is identifiable; above it every number is an
-  extrapolation of the lognormal shape and the output says so. The largest KM/model
-  gap is reported as a goodness-of-fit check.
-- GPU time is taken as proportional to expected output tokens per row (decode-bound;
-  prefill is the same at every cap). Long sequences also cost more per token
-  (attention over a longer KV cache), so raising the cap costs slightly more than shown.
+- A row cut at its budget (finish_reason "length") is right-censored: its true length
+  is *greater* than completion_tokens, not equal to it; counting it as the cap (the
+  story's first table) biases every figure down. Abort rows are left out of the fit.
+- Model: log(length) ~ Normal(mu, sigma) per category, censored maximum likelihood
+  (Tobit) in Olsen's parametrisation (gamma = 1/sigma, beta = mu/sigma), where the
+  log-likelihood is globally concave, so damped Newton converges from any start.
+  Categories with < MIN_UNCENSORED finished rows use the pooled fit (noted); the run's
+  forecast mixes the category fits by row share.
+- Fits use sufficient statistics of cells of interchangeable rows (see Sample), so
+  200 Poisson-bootstrap resamples x all categories are one vectorised Newton run
+  (~0.3 s for 100K rows). Ranges are the 5th-95th bootstrap percentiles; their coverage
+  was checked by simulation (tests/unit/reporting/test_forecast.py).
+- Normal tail: a vectorised erfc (Numerical Recipes' erfcc, relative error < 1.2e-7)
+  in log space, so tails never underflow; math.erfc would need a Python loop.
+- Kaplan-Meier is given for caps up to the observed cap, where the survival function
+  is identifiable; above it every figure extrapolates the lognormal shape and the
+  output says so. The KM/model gap below the cap is reported as a fit check.
+- GPU time ~ expected output tokens per row (decode-bound; prefill is equal at every
+  cap). Longer sequences cost a bit more per token (attention over a longer KV cache),
+  so raising the cap costs slightly more than shown.
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ import pandas as pd
 MIN_UNCENSORED = 20          # per-category fit needs this many observed lengths
 N_BOOT = 200
 CI = (5.0, 95.0)
-KM_MIN_AT_RISK = 10          # below this many rows at risk the KM estimate is too thin
 MAX_CENSOR_GROUPS = 128      # distinct censoring points kept exactly; beyond, 0.5% grid
 BIN_WIDTH = 0.02             # log-length bin of a cell (2% of a length), see Sample
 BOOT_CHUNK_CELLS = 2_000_000 # resample counts drawn per chunk: bounds memory
@@ -68,11 +63,6 @@ def log_q(z: np.ndarray) -> np.ndarray:
     return _LOG_HALF + _log_erfc(np.asarray(z, dtype=float) / math.sqrt(2.0))
 
 
-def _mills(z: np.ndarray) -> np.ndarray:
-    """phi(z) / Q(z), the inverse Mills ratio, computed in log space."""
-    return np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_q(z))
-
-
 # --- censored-normal MLE on sufficient statistics, many problems at once -------------
 
 def _loglik(g, b, nu, s1, s2, m, c):
@@ -84,7 +74,7 @@ def _loglik(g, b, nu, s1, s2, m, c):
 
 def _newton_step(g, b, nu, s1, s2, m, c):
     z = g[:, None] * c[None, :] - b[:, None]
-    lam = _mills(z)
+    lam = np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_q(z))  # phi/Q (inverse Mills ratio)
     delta = np.clip(lam * (lam - z), 1e-12, 1.0)  # d lam / dz, in (0, 1)
     grad_g = nu / g - (g * s2 - b * s1) - (m * lam * c).sum(axis=1)
     grad_b = g * s1 - b * nu + (m * lam).sum(axis=1)
@@ -114,8 +104,7 @@ def fit_censored(nu, s1, s2, m, c, max_iter: int = 100):
         with np.errstate(divide="ignore", invalid="ignore"):
             dg, db = _newton_step(g, b, nu, s1, s2, m, c)
         # A degenerate problem (e.g. identical lengths) gives a singular Hessian: stay put.
-        dg, db = np.nan_to_num(dg, posinf=0.0, neginf=0.0), np.nan_to_num(db, posinf=0.0,
-                                                                           neginf=0.0)
+        dg, db = (np.nan_to_num(x, posinf=0.0, neginf=0.0) for x in (dg, db))
         t = np.ones_like(g)
         for _ in range(40):  # step halving, per problem, until the likelihood rises
             g_new, b_new = g + t * dg, b + t * db
@@ -337,15 +326,21 @@ def _category_fits(sample: Sample, w, mu, sigma) -> list[dict[str, Any]]:
             for g, name in enumerate(sample.categories)]
 
 
-def _fit_gap(sample: Sample, w, mu, sigma, cap: int) -> Optional[float]:
-    """Largest |KM - model| of P(L > C) over C in the observed range: a fit check."""
+def _fit_gap(sample: Sample, w, mu, sigma, cap: int) -> tuple[Optional[float], bool]:
+    """(largest |KM - model| of P(L > C) below the cap, whether it is beyond noise).
+
+    A gap counts as real only where it exceeds both FIT_GAP_WARN and the KM's own 90%
+    half-width: a small sample's KM wobbles by more than 2% on its own.
+    """
     observed = sample.tokens[~sample.censored]
     if observed.size < 10:
-        return None
+        return None, False
     grid = np.unique(np.append(np.quantile(observed, np.linspace(0.1, 0.9, 9)), cap))
     km = kaplan_meier(sample.tokens, sample.censored, grid, cap)
     model, _ = _predict(w[:1], mu[:1], sigma[:1], grid.astype(float))
-    return max(abs(k[0] - p) for k, p in zip(km, model[0]) if k is not None)
+    pairs = [(abs(k[0] - p), (k[2] - k[1]) / 2) for k, p in zip(km, model[0]) if k]
+    gap = max(g for g, _ in pairs)
+    return gap, any(g > max(FIT_GAP_WARN, half) for g, half in pairs)
 
 
 DEFAULT_CAPS = (2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384, 32768)
@@ -376,6 +371,26 @@ def _notes(cap: int, sample: Sample) -> list[str]:
     return notes
 
 
+def _parametric_rows(w, mu, sigma, caps: list[int], cap: int, km: list,
+                     n_boot: int) -> list[dict[str, Any]]:
+    """Rows from the fits: row 0 of w/mu/sigma is the point estimate, the rest resamples."""
+    grid = np.array(sorted(set(caps) | {cap}), dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        trunc, mean = _predict(w, mu, sigma, grid)
+        rel = mean / mean[:, [int(np.searchsorted(grid, cap))]]
+    stacked = np.stack([trunc, mean, rel], axis=-1)                  # (B+1, caps, 3)
+    boot = stacked[1:] if n_boot else np.full((1,) + stacked.shape[1:], np.nan)
+    with warnings.catch_warnings():  # a resample with no rows yields NaN: ignored
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanpercentile(boot, CI, axis=0)
+    rows = []
+    for c, k in zip(caps, km):
+        i = int(np.searchsorted(grid, c))
+        method = METHOD + (f"; extrapolated above observed cap {cap}" if c > cap else "")
+        rows.append(_row(c, stacked[0, i], lo[i], hi[i], k, c > cap, method))
+    return rows
+
+
 def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
                     n_boot: int = N_BOOT, seed: int = 0) -> dict[str, Any]:
     """The what-if over caps, with fit details and notes (see the module docstring).
@@ -398,26 +413,14 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
     km = kaplan_meier(sample.tokens, sample.censored, caps, cap)
     if (~sample.censored).sum() < 2:
         out["notes"].append(
-            "Every row (or all but one) hit its budget, so no length distribution can be "
-            "fitted: only P(L > C) = 1 below the cap is known. Run a pilot at a higher cap.")
+            "Every row (or all but one) hit its budget: no length distribution can be fitted, "
+            "only Kaplan-Meier below the cap. Run a pilot at a higher cap.")
         empty = (None, None, None)
         out["rows"] = [_row(c, empty, empty, empty, k, c > cap, "kaplan-meier only")
                        for c, k in zip(caps, km)]
         return out
     w, mu, sigma = _bootstrap_fit(sample, n_boot, seed)
-    grid = np.array(sorted(set(caps) | {cap}), dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        trunc, mean = _predict(w, mu, sigma, grid)
-        rel = mean / mean[:, [int(np.searchsorted(grid, cap))]]
-    stacked = np.stack([trunc, mean, rel], axis=-1)                  # (B+1, caps, 3)
-    boot = stacked[1:] if n_boot else np.full((1,) + stacked.shape[1:], np.nan)
-    with warnings.catch_warnings():  # a resample with no rows yields NaN: ignored
-        warnings.simplefilter("ignore", RuntimeWarning)
-        lo, hi = np.nanpercentile(boot, CI, axis=0)
-    for c, k in zip(caps, km):
-        i = int(np.searchsorted(grid, c))
-        method = METHOD + (f"; extrapolated above observed cap {cap}" if c > cap else "")
-        out["rows"].append(_row(c, stacked[0, i], lo[i], hi[i], k, c > cap, method))
+    out["rows"] = _parametric_rows(w, mu, sigma, caps, cap, km, n_boot)
     out["categories"] = _category_fits(sample, w, mu, sigma)
     thin = [f["category"] for f in out["categories"] if f["pooled_fallback"]]
     if thin:
@@ -425,12 +428,12 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
             f"Categories with < {MIN_UNCENSORED} finished rows use the pooled fit: "
             f"{', '.join(thin[:10])}{' ...' if len(thin) > 10 else ''}. If they are mostly "
             f"truncated, their lengths are underestimated.")
-    gap = _fit_gap(sample, w, mu, sigma, cap)
+    gap, real = _fit_gap(sample, w, mu, sigma, cap)
     out["fit_gap"] = None if gap is None else round(float(gap), 4)
-    if gap is not None and gap > FIT_GAP_WARN:
+    if real:
         out["notes"].append(
             f"Fit check: the lognormal misses the Kaplan-Meier curve by up to {gap:.1%} "
-            f"below the cap; treat the extrapolations with extra caution.")
+            f"below the cap, beyond sampling noise; treat the extrapolations with caution.")
     return out
 
 
@@ -447,28 +450,38 @@ MIN_PILOT_PER_GROUP = 5
 
 
 def _allocate(sizes: pd.Series, n: int, floor_n: int) -> pd.Series:
-    """Proportional quotas summing to n, each in [min(floor_n, size), size]."""
-    target = n * sizes / sizes.sum()
+    """Quotas summing to n: each group min(floor_n, size), the rest proportional.
+
+    Water-filling: groups whose proportional share is below their floor get the floor;
+    the others share what is left in proportion to their size (largest remainder).
+    """
     floor = sizes.clip(upper=floor_n)
-    quota = target.round().astype(int).clip(lower=floor, upper=sizes)
-    n = max(n, int(floor.sum()))  # the floors win over n: every category is seen
-    while quota.sum() > n:      # take from the most over-served group above its floor
-        gap = (quota - target).where(quota > floor)
-        quota[gap.idxmax()] -= 1
-    while quota.sum() < n:      # give to the most under-served group with rows left
-        gap = (target - quota).where(quota < sizes)
-        quota[gap.idxmax()] += 1
+    if floor.sum() >= n:        # the floors win over n: every category is seen
+        return floor
+    fixed = pd.Series(False, index=sizes.index)
+    while True:
+        left = n - floor[fixed].sum()
+        share = left * sizes[~fixed] / sizes[~fixed].sum()
+        below = share < floor[~fixed]
+        if not below.any():
+            break
+        fixed[below[below].index] = True
+    quota = floor.where(fixed, 0).astype(int)
+    base = np.floor(share).astype(int)
+    quota[share.index] = base
+    extra = int(left - base.sum())   # largest remainders get one more row
+    order = (share - base).sort_values(ascending=False, kind="stable").index[:extra]
+    quota[order] += 1
     return quota
 
 
 def pilot_sample(df_prompts: pd.DataFrame, n: int, by: str = "category",
                  seed: int = 0, min_per_group: int = MIN_PILOT_PER_GROUP) -> pd.DataFrame:
-    """A stratified sample of about n prompts for a pilot run at a high cap.
+    """About n prompts, stratified by `by`, for a pilot run at a high cap (few censored).
 
-    Proportional to each group's share, but at least min_per_group per group (or the
-    whole group when smaller), so every category gets a length estimate; the floors may
-    push the total slightly above n. Rows keep their input order. Missing values of
-    `by` form the group "none".
+    Proportional, but at least min_per_group per group (or all of a smaller group) so
+    every category gets a length estimate; floors may push the total above n. Input
+    order is kept; missing `by` values form the group "none".
     """
     if n >= len(df_prompts):
         return df_prompts.copy()
@@ -477,9 +490,6 @@ def pilot_sample(df_prompts: pd.DataFrame, n: int, by: str = "category",
     sizes = groups.value_counts().sort_index()  # sorted: same seed -> same sample
     quota = _allocate(sizes, n, min_per_group)
     rng = np.random.default_rng(seed)
-    chosen = []
-    for name, k in quota.items():
-        members = np.flatnonzero((groups == name).to_numpy())
-        chosen.append(rng.choice(members, size=int(k), replace=False))
-    picks = np.sort(np.concatenate(chosen)) if chosen else np.array([], dtype=int)
-    return df_prompts.iloc[picks].copy()
+    picks = [rng.choice(np.flatnonzero((groups == name).to_numpy()), int(k), replace=False)
+             for name, k in quota.items()]
+    return df_prompts.iloc[np.sort(np.concatenate(picks))].copy()

@@ -190,7 +190,8 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + [""]
 
 
-GROUP_HEADERS = ["", "rows", "mean", "median", "p90", "p99", "max", "truncated", "stop",
+LABELS = {"stop": "stop", "length": "length (truncated)", "abort": "abort"}
+GROUP_HEADERS = ["", "rows", "mean", "median", "p90", "p99", "max", "truncated %", "stop %",
                  "cut thinking", "cut answer", "degenerate", "accept len", "continued"]
 
 
@@ -209,22 +210,32 @@ def _forecast_md(fc: dict[str, Any]) -> list[str]:
         return lines + [f"- {n}" for n in fc["notes"]] + [""]
     rows = []
     for r in fc["rows"]:
-        rng = (f" ({_fmt(_pct(r['truncated_lo']), 1)}-{_fmt(_pct(r['truncated_hi']), 1)})"
-               if r["truncated_lo"] is not None else "")
-        km = (f"{_fmt(_pct(r['km_truncated_fraction']), 1)}%"
-              if r["km_truncated_fraction"] is not None else "-")
         rows.append([
-            f"{r['cap']:,}", f"{_fmt(_pct(r['truncated_fraction']), 1)}%{rng}", km,
+            f"{r['cap']:,}", _share(r["truncated_fraction"], r["truncated_lo"],
+                                    r["truncated_hi"]),
+            _share(r["km_truncated_fraction"], r["km_lo"], r["km_hi"]),
             f"{_fmt(r['mean_tokens'], 0)} ({_fmt(r['mean_tokens_lo'], 0)}-"
             f"{_fmt(r['mean_tokens_hi'], 0)})", _fmt(r["relative_gpu_time"], 2, "x"),
             "extrapolated" if r["extrapolated"] else "observed range"])
-    lines += _table(["cap", "truncated % (90% range)", "KM truncated %",
+    lines += _table(["cap", "truncated % (90% range)", "Kaplan-Meier %",
                      "mean output tok (range)", "GPU time vs now", ""], rows)
     return lines + [f"- {n}" for n in fc["notes"]] + [""]
 
 
-def _pct(x: Optional[float]) -> Optional[float]:
-    return None if x is None else 100.0 * x
+def _pct(x: Optional[float]) -> str:
+    """A fraction as a percentage with enough digits for small tails."""
+    if x is None:
+        return "-"
+    p = 100.0 * x
+    if p == 0 or p >= 1:
+        return f"{p:.1f}"
+    return f"{p:.2f}" if p >= 0.01 else "<0.01"
+
+
+def _share(x: Optional[float], lo: Optional[float], hi: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return f"{_pct(x)}%" + (f" ({_pct(lo)}-{_pct(hi)})" if lo is not None else "")
 
 
 def render_markdown(rep: dict[str, Any]) -> str:
@@ -282,12 +293,15 @@ def lengths_png(df: pd.DataFrame, caps: Sequence[int]) -> bytes:
         ax.text(0.5, 0.5, "no rows yet", ha="center", transform=ax.transAxes)
     else:
         top = max(float(df["completion_tokens"].max()), *(float(c) for c in caps)) * 1.03
-        bins = np.linspace(0, top, 81)
+        # Bins end at the smallest cap (+0.5), so the truncated pile is its own bar.
+        base = min(caps) if caps else top
+        width = base / max(1, round(base / (top / 80)))
+        bins = 0.5 + width * np.arange(-1, math.ceil(top / width) + 1)
         parts = [(r, df.loc[df["finish_reason"] == r, "completion_tokens"])
                  for r in ("stop", "length", "abort")]
         parts = [(r, x) for r, x in parts if len(x)]
         ax.hist([x for _, x in parts], bins=bins, stacked=True,
-                label=[f"{r} ({len(x):,})" for r, x in parts])
+                label=[f"{LABELS[r]} ({len(x):,})" for r, x in parts])
         for cap in caps:
             ax.axvline(cap, color="crimson", linestyle="--", linewidth=1)
             ax.annotate(f"cap {cap:,}", (cap, 1), xycoords=("data", "axes fraction"),

@@ -1,0 +1,121 @@
+"""The engines' own view: scrape each engine's /metrics over the run.
+
+``EngineWatch`` polls every engine's ``sglang:generation_tokens_total`` (and reads
+``sglang:sim_capacity_tok_s``) every ``period_s`` in a background thread, so any
+window's engine-side output rate can be read afterwards by interpolating the
+counters at the window's edges. The thread's own CPU time is reported so the
+benchmark can subtract it from the driver's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Optional
+
+from prometheus_client.parser import text_string_to_metric_families
+
+GEN = "sglang:generation_tokens"  # the parser strips _total from counter families
+CAPACITY = "sglang:sim_capacity_tok_s"
+REQUESTS = "sglang:num_requests"
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def generation_tokens(url: str) -> float:
+    return scrape(url)[GEN + "_total"]
+
+
+def capacity_tok_s(urls: list[str]) -> float:
+    return sum(scrape(u)[CAPACITY] for u in urls)
+
+
+class EngineWatch:
+    """Time series of the summed engine generation-token counter."""
+
+    def __init__(self, urls: list[str], period_s: float = 0.5):
+        self.urls, self.period_s = urls, period_s
+        self.times: list[float] = []
+        self.tokens: list[float] = []
+        self.thread_cpu_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-engines")
+
+    def sample(self) -> None:
+        total = sum(generation_tokens(u) for u in self.urls)
+        self.times.append(time.time())
+        self.tokens.append(total)
+
+    def _loop(self) -> None:
+        cpu0 = time.thread_time()
+        while True:
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a missed scrape only coarsens the series
+                pass
+            self.thread_cpu_s = time.thread_time() - cpu0
+            if self._stop.wait(self.period_s):
+                return
+
+    def start(self) -> "EngineWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample()
+
+    def tokens_at(self, t: float) -> Optional[float]:
+        """The summed counter at wall time t, linear between scrapes."""
+        ts, ks = self.times, self.tokens
+        if not ts or t < ts[0] or t > ts[-1]:
+            return None
+        i = bisect.bisect_left(ts, t)
+        if ts[i] == t or i == 0:
+            return ks[i]
+        t0, t1, k0, k1 = ts[i - 1], ts[i], ks[i - 1], ks[i]
+        return k0 + (k1 - k0) * (t - t0) / (t1 - t0)
+
+    def rate(self, t0: float, t1: float) -> Optional[float]:
+        a, b = self.tokens_at(t0), self.tokens_at(t1)
+        if a is None or b is None or t1 <= t0:
+            return None
+        return (b - a) / (t1 - t0)
+
+
+def start_simulators(settings, n: int) -> tuple[list[subprocess.Popen], list[str]]:
+    """n simulator processes with identical settings on free ports (calibration only)."""
+    from serve_apps.engine_process import free_port
+    from serve_apps.engines.simulator.launch import build_command
+    procs, urls = [], []
+    for _ in range(n):
+        port = free_port()
+        procs.append(subprocess.Popen(build_command(settings, "127.0.0.1", port, sys.executable),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        urls.append(f"http://127.0.0.1:{port}")
+    deadline = time.time() + 30
+    for url in urls:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).close()
+                break
+            except Exception:  # noqa: BLE001
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+    return procs, urls

@@ -1,0 +1,198 @@
+"""The three ways of driving the same prompts through the same engines.
+
+Each runner returns a ModeResult with per-row timings (``done_at``: wall time the
+row's result was available to the caller; ``latency_s``: one request's
+tokenize+generate time as its caller measured it) and the mode's wall window
+(started -> everything written). CPU/RSS are filled in by ``measured``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from bench.engines import EngineWatch
+from bench.procs import ROLES, ProcTree, RssSampler
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    expected_rows: int
+    rows: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    done_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    latency_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cpu_s: dict[str, float] = field(default_factory=dict)   # by role
+    peak_rss: dict[str, int] = field(default_factory=dict)  # by role
+    peak_rss_total: int = 0     # peak of (driver + actors/workers + replicas), or the client
+    watch: Optional[EngineWatch] = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    """What every mode shares: one prompt file, one config, the same engines."""
+    cfg: Any                 # jobs.config.RunConfig of mode (a); (b) and (c) copy its settings
+    tree: dict[str, Any]     # the raw config tree (per-mode run names are set on copies)
+    prompts: Path
+    rows: int
+    work_dir: Path
+    engine_urls: list[str]
+    inflight: int
+    actors: int
+    proc_tree: ProcTree
+    rss_period_s: float = 0.5
+    keep_outputs: bool = False
+
+
+@contextmanager
+def measured(ctx: Context, result: ModeResult, count_tree: bool = True) -> Iterator[None]:
+    """Engine counters, CPU snapshots and RSS sampling around one mode."""
+    watch = EngineWatch(ctx.engine_urls).start()
+    sampler = RssSampler(ctx.proc_tree, ctx.rss_period_s).start() if count_tree else None
+    before = ctx.proc_tree.snapshot()
+    try:
+        yield
+    finally:
+        after = ctx.proc_tree.snapshot()
+        if sampler is not None:
+            sampler.stop()
+        watch.stop()
+        result.watch = watch
+        if count_tree:
+            cpu = {r: after.cpu_s[r] - before.cpu_s[r] for r in ROLES}
+            # The benchmark's own threads run in the driver: not raygen's cost.
+            cpu["driver"] -= watch.thread_cpu_s + sampler.thread_cpu_s
+            result.cpu_s = cpu
+            result.peak_rss = dict(sampler.peak)
+            result.peak_rss_total = sampler.peak_workers_total
+
+
+class _Never(Exception):
+    pass
+
+
+def run_raygen(ctx: Context) -> ModeResult:
+    """(a) raygen: jobs.run.run_job with the config (engines already deployed: it attaches)."""
+    from jobs.config import parse_config
+    from jobs.run import run_job
+    from jobs.run_store import RunStore
+
+    tree = json.loads(json.dumps(ctx.tree))
+    tree["job"]["run_name"] = f"bench-{uuid.uuid4().hex[:8]}"
+    cfg = parse_config(tree)
+    res = ModeResult("raygen", ctx.rows)
+    with measured(ctx, res):
+        res.started_at = time.time()
+        summary = run_job(cfg, retry_failed=False, continue_truncated=False,
+                          max_total_tokens=None, stop_exc=_Never)
+        res.ended_at = time.time()
+    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+    data = store.read_kind("data", ["created_at", "latency_s", "completion_tokens"])
+    res.rows = data.num_rows
+    res.errors = summary.progress["failed"] + summary.progress["rejected"]
+    res.output_tokens = int(np.asarray(data.column("completion_tokens")).sum())
+    created = data.column("created_at").cast("int64").to_numpy()  # ms since epoch, UTC
+    res.done_at = created.astype(np.float64) / 1000.0
+    res.latency_s = np.asarray(data.column("latency_s"), dtype=np.float64)
+    if summary.status != "succeeded":
+        res.notes.append(f"run status {summary.status}")
+    if not ctx.keep_outputs:
+        _remove(store.root)
+    return res
+
+
+def run_plain(ctx: Context) -> ModeResult:
+    """(b) the plain asyncio client, in its own process, against the replicas' engines."""
+    run_dir = ctx.work_dir / f"plain-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True)
+    job = ctx.cfg.job
+    spec = {"urls": ctx.engine_urls, "prompts": str(ctx.prompts), "limit": None,
+            "sampling": job.sampling.to_sglang(), "max_new_tokens": job.max_new_tokens,
+            "concurrency": ctx.inflight, "out_dir": str(run_dir / "data"),
+            "flush_rows": job.rows_per_file, "result_prefix": str(run_dir / "result"),
+            "request_timeout_s": ctx.cfg.engine.request_timeout_s}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    res = ModeResult("plain", ctx.rows)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    with measured(ctx, res, count_tree=False):
+        res.started_at = time.time()
+        subprocess.run([sys.executable, "-m", "bench.plain_client", "--spec",
+                        str(run_dir / "spec.json")], check=True, cwd=REPO, env=env)
+        res.ended_at = time.time()
+    summary = json.loads((run_dir / "result.json").read_text())
+    res.rows, res.errors = summary["rows"], summary["errors"]
+    res.output_tokens = summary["output_tokens"]
+    res.done_at = np.load(run_dir / "result.done_at.npy")
+    res.latency_s = np.load(run_dir / "result.latency.npy")
+    res.cpu_s = {"client": summary["total_cpu_s"]}
+    res.peak_rss = {"client": summary["max_rss_bytes"]}
+    res.peak_rss_total = summary["max_rss_bytes"]
+    res.notes.append(f"client CPU after imports: {summary['work_cpu_s']:.2f} s")
+    if not ctx.keep_outputs:
+        _remove_dir(run_dir)
+    return res
+
+
+def run_raydata_llm(ctx: Context) -> ModeResult:
+    """(c) ray.data.llm ServeDeploymentProcessorConfig -> generate_many on the same app."""
+    import pyarrow.parquet as pq
+
+    from bench.raydata_llm import build_dataset
+    from jobs.pipeline import stage_context
+
+    run_dir = ctx.work_dir / f"raydata-llm-{uuid.uuid4().hex[:8]}"
+    sctx = stage_context(ctx.cfg)
+    # Same rows in flight as the other modes: each actor runs 4 batches at once
+    # (Ray Data's default max_concurrency for async batch UDFs).
+    batch = max(1, ctx.inflight // (ctx.actors * 4))
+    res = ModeResult("raydata_llm", ctx.rows)
+    res.notes.append(f"{ctx.actors} actors x 4 concurrent batches x batch_size {batch}")
+    with measured(ctx, res):
+        res.started_at = time.time()
+        ds = build_dataset(str(ctx.prompts), ctx.cfg.serve.app_name,
+                           ctx.cfg.serve.deployment_name, sctx, batch, ctx.actors)
+        ds.write_parquet(str(run_dir / "data"))
+        res.ended_at = time.time()
+    table = pq.read_table(run_dir / "data",
+                          columns=["done_at", "latency_s", "completion_tokens", "error_class"])
+    ok = table.filter(table.column("error_class").is_null())
+    res.rows, res.errors = ok.num_rows, table.num_rows - ok.num_rows
+    res.output_tokens = int(np.asarray(ok.column("completion_tokens")).sum())
+    res.done_at = np.asarray(ok.column("done_at"), dtype=np.float64)
+    res.latency_s = np.asarray(ok.column("latency_s"), dtype=np.float64)
+    if not ctx.keep_outputs:
+        _remove_dir(run_dir)
+    return res
+
+
+RUNNERS = {"raygen": run_raygen, "plain": run_plain, "raydata_llm": run_raydata_llm}
+
+
+def _remove(loc) -> None:
+    try:
+        loc.fs.delete_dir(loc.path)
+    except Exception:  # noqa: BLE001 - leftovers are harmless
+        pass
+
+
+def _remove_dir(path: Path) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,62 @@
+"""Helpers shared by integration tests: run a job in-process, read a run back, reach
+the engines behind a Serve app."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+import pandas as pd
+import yaml
+from ray import serve
+
+from jobs.config import StorageConfig, parse_config
+from jobs.run import Summary, run_job
+from jobs.run_store import RunStore
+
+
+class NeverRaised(Exception):
+    pass
+
+
+def run(tree: dict, **kw: Any) -> Summary:
+    kw.setdefault("retry_failed", False)
+    kw.setdefault("continue_truncated", False)
+    kw.setdefault("max_total_tokens", None)
+    return run_job(parse_config(tree), stop_exc=NeverRaised, **kw)
+
+
+def store_of(tree: dict) -> RunStore:
+    storage = StorageConfig(**tree["storage"])
+    return RunStore.for_run(tree["job"]["output"], tree["job"]["run_name"], storage)
+
+
+def read(tree: dict, kind: str) -> pd.DataFrame:
+    return store_of(tree).read_kind(kind).to_pandas()
+
+
+def write_yaml(path, tree: dict):
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def engine_urls(app_name: str, replicas: int, timeout_s: float = 60) -> list[str]:
+    handle = serve.get_app_handle(app_name)
+    urls: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(urls) < replicas and time.monotonic() < deadline:
+        urls.add(handle.info.remote().result()["engine_url"])
+    assert len(urls) == replicas, f"found engines {urls}"
+    return sorted(urls)
+
+
+def set_faults(urls: list[str], **faults: Any) -> None:
+    for url in urls:
+        req = urllib.request.Request(f"{url}/sim/faults", data=json.dumps(faults).encode(),
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=10).read()
+
+
+CLEAR_FAULTS = {"error_rate": 0.0, "slow_rate": 0.0, "error_status": 500}

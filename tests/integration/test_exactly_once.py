@@ -1,0 +1,180 @@
+"""Exactly-once runs: SIGKILL the driver at random moments and resume; kill an engine
+mid-run; transient errors retried; permanent ones kept in failures/ and cleared by
+--retry-failed; the breaker; malformed input into rejects/; progress == output."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jobs.run import RunError
+from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import (CLEAR_FAULTS, engine_urls, read, run, set_faults,
+                                       store_of, write_yaml)
+
+pytestmark = pytest.mark.integration
+APP = "raygen-test"
+
+
+def _assert_exactly_once(tree: dict, n: int) -> None:
+    data = read(tree, "data")
+    assert len(data) == n, f"expected {n} rows, got {len(data)}"
+    assert data["key"].is_unique
+    assert sorted(data["id"]) == [f"p{i:05d}" for i in range(n)]
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume(ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 240)
+    rng = random.Random(7)
+    results = []
+    for trial in range(5):
+        tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                          run_name=f"kill-{trial}-{os.getpid()}",
+                          job={"rows_per_file": 16, "batch_size": 8})
+        cfg = write_yaml(tmp_path / f"kill{trial}.yaml", tree)
+        cmd = [sys.executable, "-m", "jobs.generate", "--config", str(cfg)]
+        kills = 0
+        for attempt in range(6):
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if attempt < 2:  # kill the first two attempts at a random moment
+                try:
+                    proc.wait(timeout=rng.uniform(4, 14))
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGKILL)
+                    kills += 1
+                proc.wait()
+                continue
+            assert proc.wait(timeout=300) == 0
+            break
+        _assert_exactly_once(tree, 240)
+        results.append(kills)
+    print(f"kill/resume trials: kills per trial {results}, 0 lost, 0 duplicated")
+    assert sum(results) >= 5, "the kills should land mid-run"
+
+
+def test_engine_killed_mid_run_loses_nothing(ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 200)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
+                                       "backoff_max_s": 3}},
+                      engine={"simulator": {"time_scale": 0.01}})
+    tree["serve"]["app_name"] = "raygen-enginekill"
+    from ray import serve
+
+    def kill_one_engine():
+        time.sleep(8)
+        info = serve.get_app_handle("raygen-enginekill").info.remote().result()
+        os.killpg(info["engine_pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_one_engine)
+    killer.start()
+    summary = run(tree)
+    killer.join()
+    assert summary.status == "succeeded"
+    _assert_exactly_once(tree, 200)
+    assert read(tree, "failures").empty
+    serve.delete("raygen-enginekill")
+
+
+def test_transient_errors_are_retried(ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 80)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"retries": {"max_attempts": 8}})
+    run(dict(tree, job=dict(tree["job"], input=str(write_prompts(tmp_path / "w.jsonl", 2)),
+                            run_name=tree["job"]["run_name"] + "-warm")))
+    urls = engine_urls(APP, 2)
+    try:
+        set_faults(urls, error_rate=0.3, error_status=503)
+        summary = run(tree)
+    finally:
+        set_faults(urls, **CLEAR_FAULTS)
+    assert summary.status == "succeeded"
+    data = read(tree, "data")
+    _assert_exactly_once(tree, 80)
+    assert (data["attempts"] > 1).any(), "some rows should have needed a retry"
+    assert read(tree, "failures").empty
+
+
+def test_permanent_errors_land_in_failures_and_retry_failed_clears_them(
+        ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 60)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows))
+    run(dict(tree, job=dict(tree["job"], input=str(write_prompts(tmp_path / "w.jsonl", 2)),
+                            run_name=tree["job"]["run_name"] + "-warm")))
+    urls = engine_urls(APP, 2)
+    try:
+        set_faults(urls, error_rate=0.5, error_status=400)
+        first = run(tree)
+    finally:
+        set_faults(urls, **CLEAR_FAULTS)
+    failures = read(tree, "failures")
+    data = read(tree, "data")
+    assert first.progress["failed"] == len(failures) > 0
+    assert set(failures.key).isdisjoint(data.key), "a failed row must never look done"
+    assert (failures.error_class == "bad_request").all() and (failures.attempts == 1).all()
+    assert failures["line"].notna().all() and failures["error_message"].str.contains("400").all()
+    assert len(data) + len(failures) == 60
+
+    plain_rerun = run(tree)  # failures stay failures until asked
+    assert plain_rerun.progress["session_rows"] == 0
+    retried = run(tree, retry_failed=True)
+    assert retried.progress["failed"] == 0 and retried.progress["completed"] == 60
+    _assert_exactly_once(tree, 60)
+
+
+def test_breaker_stops_the_job_when_every_engine_fails(ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 200)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"breaker": {"window_rows": 20, "min_rows": 10,
+                                       "max_failure_fraction": 0.5},
+                           "retries": {"max_attempts": 2}})
+    run(dict(tree, job=dict(tree["job"], input=str(write_prompts(tmp_path / "w.jsonl", 2)),
+                            run_name=tree["job"]["run_name"] + "-warm")))
+    urls = engine_urls(APP, 2)
+    try:
+        set_faults(urls, error_rate=1.0, error_status=500)
+        with pytest.raises(RunError, match="engine fleet looks down"):
+            run(tree)
+    finally:
+        set_faults(urls, **CLEAR_FAULTS)
+    assert read(tree, "data").empty
+    assert len(read(tree, "failures")) < 200, "the breaker must stop before the whole dataset"
+    progress = store_of(tree).read_json("progress.json")
+    assert progress["status"] == "failed"
+
+
+def test_malformed_rows_are_rejected_and_valid_rows_complete(ray_cluster, s3_endpoint,
+                                                             tmp_path):
+    long_prompt = json.dumps({"id": "too-long", "messages": [
+        {"role": "user", "content": "x" * 20000}]})
+    bad = ['{"id": "broken", "messages": [', '["not", "an", "object"]',
+           '{"id": "nomsg"}', '{"id": "empty", "messages": []}',
+           '{"id": "role", "messages": [{"role": "bot", "content": "hi"}]}',
+           '{"id": "content", "messages": [{"role": "user", "content": ["a"]}]}',
+           '{"id": 1.5, "messages": [{"role": "user", "content": "hi"}]}',
+           '{"id": "p00003", "messages": [{"role": "user", "content": "dup"}]}',
+           long_prompt]
+    rows = write_prompts(tmp_path / "p.jsonl", 30, extra_lines=bad)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows))
+    summary = run(tree)
+    assert summary.status == "succeeded"
+    _assert_exactly_once(tree, 30)
+    rejects = read(tree, "rejects").sort_values("line")
+    assert list(rejects.line) == list(range(31, 31 + len(bad)))
+    expected = ["not valid JSON", "must be a JSON object", "missing 'messages'",
+                "'messages' is empty", "messages[0].role 'bot'", "messages[0].content must be",
+                "id must be a string", "duplicate id 'p00003'", "context_overflow"]
+    for reason, want in zip(rejects.reason, expected):
+        assert want in reason, (want, reason)
+    assert summary.progress["rejected"] == len(bad)
+    again = run(tree)  # rejects are not redone or duplicated on resume
+    assert again.progress["session_rows"] == 0 and len(read(tree, "rejects")) == len(bad)

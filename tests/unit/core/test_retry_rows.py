@@ -1,0 +1,131 @@
+"""jobs.retry (breaker, backoff) and jobs.rows helpers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jobs.retry import Breaker, CircuitOpen, backoff_s, replica_error_class
+from jobs.rows import reject_reason_class, repetition_ratio
+
+
+# --- breaker ----------------------------------------------------------------------------
+
+def test_breaker_waits_for_min_rows():
+    breaker = Breaker(window_rows=100, min_rows=10, max_failure_fraction=0.5)
+    for _ in range(9):
+        breaker.record(True)  # 100% failures, but not enough rows for a verdict
+    with pytest.raises(CircuitOpen):
+        breaker.record(True)
+
+
+def test_breaker_trips_only_above_fraction():
+    breaker = Breaker(window_rows=10, min_rows=10, max_failure_fraction=0.5)
+    for failure in [True, False] * 5:
+        breaker.record(failure)  # 5 of 10: exactly the fraction, not above
+    breaker.record(True)         # the oldest True slides out: still 5 of 10
+    assert len(breaker.window) == 10 and sum(breaker.window) == 5
+    with pytest.raises(CircuitOpen):
+        breaker.record(True)     # the oldest False slides out: 6 of 10 > 50%
+
+
+def test_breaker_tolerates_failures_below_fraction_and_window_slides():
+    breaker = Breaker(window_rows=20, min_rows=5, max_failure_fraction=0.5)
+    for i in range(200):
+        breaker.record(i % 3 == 0)  # ~33% engine failures: never trips
+    assert len(breaker.window) == 20
+
+
+def test_breaker_old_failures_slide_out():
+    breaker = Breaker(window_rows=10, min_rows=10, max_failure_fraction=0.5)
+    for _ in range(5):
+        breaker.record(True)     # below min_rows: no verdict yet
+    for _ in range(100):
+        breaker.record(False)    # the burst leaves the window
+    for _ in range(5):
+        breaker.record(True)     # 5 of 10 again: not above
+
+
+def test_breaker_message_tells_what_to_do():
+    breaker = Breaker(window_rows=4, min_rows=4, max_failure_fraction=0.5)
+    for failure in (True, True, True):
+        breaker.record(failure)
+    with pytest.raises(CircuitOpen) as info:
+        breaker.record(False)
+    msg = str(info.value)
+    assert "3 of the last 4 rows" in msg
+    assert "75% > job.breaker.max_failure_fraction 50%" in msg
+    assert "--retry-failed" in msg
+    assert "serve status" in msg
+
+
+def test_breaker_fraction_one_never_trips():
+    breaker = Breaker(window_rows=5, min_rows=1, max_failure_fraction=1.0)
+    for _ in range(20):
+        breaker.record(True)
+
+
+# --- backoff ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("attempt, cap", [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0),
+                                          (6, 32.0), (7, 60.0), (20, 60.0)])
+def test_backoff_within_growing_cap(attempt, cap):
+    random.seed(attempt)
+    values = [backoff_s(attempt, initial_s=1.0, max_s=60.0) for _ in range(300)]
+    assert all(0 <= v <= cap for v in values)
+    assert max(values) > cap * 0.8  # full jitter reaches near the cap
+    assert min(values) < cap * 0.2  # ... and near zero
+
+
+def test_backoff_zero_initial_is_zero():
+    assert backoff_s(3, initial_s=0.0, max_s=60.0) == 0.0
+
+
+def test_replica_error_class_labels():
+    from ray.exceptions import ActorDiedError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+    assert replica_error_class(BackPressureError(num_queued_requests=1, max_queued_requests=1)) \
+        == "replica_backpressure"
+    assert replica_error_class(DeploymentUnavailableError("d")) == "deployment_unavailable"
+    assert replica_error_class(ActorDiedError()) == "replica_unavailable"
+
+
+# --- rows -------------------------------------------------------------------------------
+
+def test_repetition_ratio_distinct_is_zero():
+    assert repetition_ratio(list(range(1000))) == 0.0
+
+
+def test_repetition_ratio_loop_is_high():
+    loop = list(range(1, 6)) * 200  # a 5-token loop, 1000 tokens
+    ratio = repetition_ratio(loop)
+    assert ratio > 0.99
+    assert ratio == pytest.approx(1 - 5 / (1000 - 3))
+
+
+def test_repetition_ratio_partial_loop_in_between():
+    ids = list(range(500)) + [7, 8, 9, 10] * 125
+    assert 0.3 < repetition_ratio(ids) < 0.7
+
+
+@pytest.mark.parametrize("ids", [[], [1], [1, 2, 3]])
+def test_repetition_ratio_short_inputs(ids):
+    assert repetition_ratio(ids) == 0.0
+
+
+def test_repetition_ratio_exactly_n():
+    assert repetition_ratio([1, 1, 1, 1]) == 0.0
+    assert repetition_ratio([1, 1, 1, 1, 1]) == 0.5
+
+
+@pytest.mark.parametrize("reason, label", [
+    ("duplicate id 'k': first seen at f:1", "duplicate_id"),
+    ("context_overflow: prompt 9000 + budget 8192 > 16384", "context_overflow"),
+    ("not valid JSON: Expecting value at column 1", "invalid_json"),
+    ("'messages' is empty", "invalid_row"),
+    ("messages[0].role 'x' is not one of system, user, assistant, tool", "invalid_row"),
+    ("", "invalid_row"),
+])
+def test_reject_reason_class(reason, label):
+    assert reject_reason_class(reason) == label

@@ -1,0 +1,85 @@
+"""SGLang 0.5.23's own code, loaded once per session for the contract tests.
+
+cluster/install_sglang_parser.sh installs sglang==0.5.23 --no-deps plus the CPU torch
+and the few small packages its ``server_args`` import path needs. Two things are done
+narrowly here, and undone after the import:
+
+- ``triton`` (1 GB) is not installed: ``sglang/srt/utils/common.py`` does a module-level
+  ``import triton`` and one ``setattr(triton, "next_power_of_2", ...)``, nothing else on
+  the parser path. An empty module stands in for that one import and is removed from
+  ``sys.modules`` again, so nothing later can mistake it for triton.
+- ``import sglang`` sets default cache-dir variables in ``os.environ``
+  (``redirect_third_party_caches``); the environment is restored afterwards so other
+  tests' subprocesses do not inherit them.
+
+A missing or wrong SGLang fails (never skips) with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import types
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SGLANG_VERSION = "0.5.23"
+INSTALL_HINT = (f"SGLang {SGLANG_VERSION}'s parser is needed by the production contract tests: "
+                f"run `cluster/install_sglang_parser.sh .venv` (about 1 GB, under a minute)")
+
+
+def _import_sglang() -> types.SimpleNamespace:
+    try:
+        installed = version("sglang")
+    except PackageNotFoundError:
+        pytest.fail(f"sglang is not installed. {INSTALL_HINT}", pytrace=False)
+    if installed != SGLANG_VERSION:
+        pytest.fail(f"sglang {installed} is installed, the contract is {SGLANG_VERSION}. "
+                    f"{INSTALL_HINT}", pytrace=False)
+    saved_env = dict(os.environ)
+    stub = importlib.util.find_spec("triton") is None
+    if stub:
+        sys.modules["triton"] = types.ModuleType("triton")
+    try:
+        from sglang.api.v1 import api_types
+        from sglang.srt import server_args
+    except ImportError as exc:
+        pytest.fail(f"cannot import SGLang's server_args ({exc}). {INSTALL_HINT}", pytrace=False)
+    finally:
+        if stub:
+            sys.modules.pop("triton", None)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return types.SimpleNamespace(server_args=server_args, api_types=api_types,
+                                 srt=Path(server_args.__file__).parent)
+
+
+@pytest.fixture(scope="session")
+def sglang() -> types.SimpleNamespace:
+    """``.server_args``, ``.api_types`` (sglang.api.v1) and ``.srt`` (the sglang/srt folder)."""
+    return _import_sglang()
+
+
+class ParseError(Exception):
+    """SGLang's argparse rejected the command line (its message is the exception text)."""
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    # argparse prints and exits on a bad flag; tests want the message.
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise ParseError(message)
+
+
+@pytest.fixture(scope="session")
+def sglang_parser(sglang) -> argparse.ArgumentParser:
+    """SGLang's launch-server parser, built exactly as ``prepare_server_args`` builds it."""
+    parser = _RaisingParser(prog="sglang serve")
+    sglang.server_args.ServerArgs.add_cli_args(parser)
+    return parser
+
