@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from bench.engines import EngineWatch
-from bench.procs import ROLES, ProcTree, RssSampler
+from bench.procs import COMPONENTS, ProcTree, RssSampler
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ class ModeResult:
     ended_at: float = 0.0
     done_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
     latency_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    cpu_s: dict[str, float] = field(default_factory=dict)   # by role
+    cpu_s: dict[str, float] = field(default_factory=dict)   # by component (procs.COMPONENTS)
     peak_rss: dict[str, int] = field(default_factory=dict)  # by role
     peak_rss_total: int = 0     # peak of (driver + actors/workers + replicas), or the client
     watch: Optional[EngineWatch] = None
@@ -76,7 +76,7 @@ def measured(ctx: Context, result: ModeResult, count_tree: bool = True) -> Itera
         watch.stop()
         result.watch = watch
         if count_tree:
-            cpu = {r: after.cpu_s[r] - before.cpu_s[r] for r in ROLES}
+            cpu = {c: after.cpu_s[c] - before.cpu_s[c] for c in COMPONENTS}
             # The benchmark's own threads run in the driver: not raygen's cost.
             cpu["driver"] -= watch.thread_cpu_s + sampler.thread_cpu_s
             result.cpu_s = cpu

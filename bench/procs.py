@@ -38,7 +38,19 @@ SYSTEM_MARKERS = ("gcs_server", "raylet", "dashboard", "DashboardAgent", "Runtim
                   "log_monitor", "monitor.py", "resource_tracker", "forkserver")
 
 
+COMPONENTS = {  # component -> role
+    "driver": "driver",
+    "ray_data_workers": "ray_workers", "exited_workers": "ray_workers",
+    "serve_controller": "serve", "serve_replicas": "serve",
+    "raylet": "ray_system", "gcs_server": "ray_system", "dashboard": "ray_system",
+    "dashboard_agent": "ray_system", "runtime_env_agent": "ray_system",
+    "log_monitor": "ray_system", "autoscaler_monitor": "ray_system",
+    "other_ray": "ray_system",
+}
+
+
 def classify(proc: psutil.Process, root_pid: int) -> Optional[str]:
+    """The process's component (see COMPONENTS), or None when it is excluded."""
     if proc.pid == root_pid:
         return "driver"
     try:
@@ -52,19 +64,27 @@ def classify(proc: psutil.Process, root_pid: int) -> Optional[str]:
             return None
     if any(m in cmd for m in EXCLUDE_MARKERS):
         return None
-    if cmd.startswith("ray::Serve") or "ServeReplica" in cmd or "ServeController" in cmd:
-        return "serve"
-    if any(m in cmd for m in SYSTEM_MARKERS):
-        return "ray_system"
+    if "ServeController" in cmd:
+        return "serve_controller"
+    if "ServeReplica" in cmd:
+        return "serve_replicas"
+    for marker, component in (("raylet", "raylet"), ("gcs_server", "gcs_server"),
+                              ("DashboardAgent", "dashboard_agent"),
+                              ("RuntimeEnvAgent", "runtime_env_agent"),
+                              ("dashboard", "dashboard"), ("forkserver", "dashboard"),
+                              ("resource_tracker", "dashboard"),
+                              ("log_monitor", "log_monitor"), ("monitor.py", "autoscaler_monitor")):
+        if marker in cmd:
+            return component
     if cmd.startswith("ray::") or "default_worker.py" in cmd:
-        return "ray_workers"
-    return "ray_system"  # anything else Ray started (kept, never silently dropped)
+        return "ray_data_workers"
+    return "other_ray"  # anything else Ray started (kept, never silently dropped)
 
 
 @dataclass
 class Snapshot:
     at: float
-    cpu_s: dict[str, float]
+    cpu_s: dict[str, float]  # by component
     rss: dict[str, int]
 
 
@@ -107,17 +127,22 @@ class ProcTree:
         return out
 
     def snapshot(self) -> Snapshot:
-        cpu = dict.fromkeys(ROLES, 0.0)
+        """CPU seconds by component; RSS bytes by role."""
+        cpu = dict.fromkeys(COMPONENTS, 0.0)
         rss = dict.fromkeys(ROLES, 0)
-        for proc, role in self.processes():
+        for proc, component in self.processes():
             try:
                 with proc.oneshot():
                     t = proc.cpu_times()
                     mem = proc.memory_info().rss
             except psutil.Error:
                 continue
-            cpu[role] += t.user + t.system + t.children_user + t.children_system
-            rss[role] += mem
+            cpu[component] += t.user + t.system
+            # Children that exited and were reaped: raylet reaps the Ray workers it
+            # started (Ray Data task workers, killed idle workers).
+            reaped = t.children_user + t.children_system
+            cpu["exited_workers" if component == "raylet" else component] += reaped
+            rss[COMPONENTS[component]] += mem
         return Snapshot(time.time(), cpu, rss)
 
 

@@ -56,6 +56,13 @@ class BreakerConfig(StrictModel):
         0.5, gt=0, le=1, description="Engine-class failures above this fraction of the window "
         "stop the job: the fleet is down, do not turn the dataset into failures.")
 
+    @model_validator(mode="after")
+    def _window_holds_min_rows(self) -> "BreakerConfig":
+        if self.min_rows > self.window_rows:
+            raise ValueError(f"min_rows ({self.min_rows}) > window_rows ({self.window_rows}): "
+                             f"the breaker could never trip")
+        return self
+
 
 class JobConfig(StrictModel):
     input: list[str] = Field(description="Prompt files: JSONL or Parquet, local or s3://.")
@@ -79,6 +86,9 @@ class JobConfig(StrictModel):
     retries: RetryConfig = Field(default_factory=RetryConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     progress_interval_s: float = Field(5.0, gt=0)
+    metrics_linger_s: float = Field(
+        10.0, ge=0, description="Seconds the driver stays up after the run so Prometheus "
+        "scrapes the final gauges (job_running=0) before they disappear.")
 
     @field_validator("input", mode="before")
     @classmethod
@@ -88,7 +98,7 @@ class JobConfig(StrictModel):
     @field_validator("run_name")
     @classmethod
     def _safe_name(cls, value: str) -> str:
-        if not RUN_NAME.match(value):
+        if not RUN_NAME.fullmatch(value):
             raise ValueError("use letters, digits, '.', '_' or '-' (it becomes a folder name)")
         return value
 

@@ -1,7 +1,8 @@
 """Send rows to the engine replicas (stage 4 of the job): an async Ray Data actor.
 
 Row contract: reads the validated row (key, id, category, messages, tools, source,
-line, raw, reject_reason); outputs STAGE_OUTPUT rows whose ``_kind`` says where they
+line, raw, reject_reason) or, when continuing (ctx["continue_to"]), a data/ row;
+outputs STAGE_OUTPUT rows whose ``_kind`` says where they
 go (data / failures / rejects).
 
 Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
@@ -22,7 +23,7 @@ from ray import serve
 from ray.util import metrics
 
 from jobs.retry import REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker, backoff_s, replica_error_class
-from jobs.rows import REJECT_CLASSES, data_row, failure_row, reject_reason_class, reject_row, to_table
+from jobs.rows import REJECT_CLASSES, continued_row, data_row, failure_row, reject_reason_class, reject_row, to_table
 
 
 class GenerateRows:
@@ -44,11 +45,20 @@ class GenerateRows:
         return {"run": self.ctx["run"], "model": self.ctx["model"], **extra}
 
     def _request(self, row: dict[str, Any]) -> dict[str, Any]:
-        return {"key": row["key"], "run": self.ctx["run"], "category": row["category"],
-                "messages": json.loads(row["messages"]),
-                "tools": json.loads(row["tools"]) if row["tools"] else None,
-                "input_ids": None, "max_new_tokens": self.ctx["max_new_tokens"],
-                "sampling": self.ctx["sampling"], "context_policy": self.ctx["context_policy"]}
+        request = {"key": row["key"], "run": self.ctx["run"], "category": row["category"],
+                   "messages": None, "tools": None, "input_ids": None, "prompt_len": None,
+                   "max_new_tokens": self.ctx["max_new_tokens"],
+                   "sampling": self.ctx["sampling"],
+                   "context_policy": self.ctx["context_policy"]}
+        if self.ctx.get("continue_to"):  # token-exact: prompt ids + output ids, as ids
+            prompt = list(row["prompt_token_ids"])
+            request.update(input_ids=prompt + list(row["output_token_ids"]),
+                           prompt_len=len(prompt),
+                           max_new_tokens=self.ctx["continue_to"] - row["completion_tokens"])
+        else:
+            request.update(messages=json.loads(row["messages"]),
+                           tools=json.loads(row["tools"]) if row["tools"] else None)
+        return request
 
     async def _call(self, request: dict[str, Any]) -> dict[str, Any]:
         if self._slots is None:  # created inside the actor's event loop
@@ -57,7 +67,7 @@ class GenerateRows:
             return await self.handle.generate.remote(request)
 
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
-        if row["reject_reason"]:
+        if row.get("reject_reason"):
             self.m_rejects.inc(1, self._tags(reason=reject_reason_class(row["reject_reason"])))
             return reject_row(row, row["reject_reason"])
         request, attempt = self._request(row), 0
@@ -72,6 +82,8 @@ class GenerateRows:
                 message, replica = f"{type(exc).__name__}: {exc}", None
             if error_class is None:
                 self.breaker.record(False)
+                if self.ctx.get("continue_to"):
+                    return continued_row(row, result, self.ctx, attempt)
                 return data_row(row, result, self.ctx, attempt)
             if retryable and attempt < self.retries["max_attempts"]:
                 self.m_retries.inc(1, self._tags(error_class=error_class))

@@ -52,13 +52,17 @@ def build(cfg: RunConfig, inputs: list[Location], ledger, run_uri: str) -> ray.d
     ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
                         fn_kwargs={"ledger": ledger}, num_cpus=LIGHT_CPU,
                         concurrency=LIGHT_TASKS)
-    ds = ds.map_batches(
+    return generate(ds, cfg, stage_context(cfg))
+
+
+def generate(ds: ray.data.Dataset, cfg: RunConfig, ctx: dict[str, Any]) -> ray.data.Dataset:
+    """The autoscaled pool of async generate actors (also used by continuation)."""
+    job = cfg.job
+    return ds.map_batches(
         GenerateRows, batch_format="pyarrow", batch_size=job.batch_size,
-        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name,
-                             stage_context(cfg)),
+        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name, ctx),
         concurrency=(job.min_actors, job.max_actors),
         max_concurrency=job.max_batches_per_actor, num_cpus=LIGHT_CPU)
-    return ds
 
 
 def write(ds: ray.data.Dataset, cfg: RunConfig, run_uri: str) -> None:

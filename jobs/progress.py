@@ -133,7 +133,7 @@ class ProgressTracker:
             "mean_output_tokens": round(c.output_tokens / c.done, 1) if c.done else 0.0,
             "output_tokens": c.output_tokens, "bytes_written": c.bytes_written,
             "files": len(c.seen_files), "started_at": self.started, "updated_at": now,
-            "elapsed_s": round(now - self.started, 1), "last_write_at": c.last_write_ts or None,
+            "elapsed_s": round(now - self.started, 1), "last_write_at": c.last_write_ts or self.started,
             "session_rows": c.done - self.baseline[0],
             "session_output_tokens": c.output_tokens - self.baseline[1],
         }

@@ -54,13 +54,46 @@ def data_row(row: dict[str, Any], result: dict[str, Any], ctx: dict[str, Any],
     return out
 
 
+def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
+def continued_row(base: dict[str, Any], result: dict[str, Any], ctx: dict[str, Any],
+                  attempts: int) -> dict[str, Any]:
+    """The next version of a truncated row: the whole output so far, counts added up."""
+    new = result["completion_tokens"] or 0
+    total = (base["completion_tokens"] or 0) + new
+    verify = _add(base["spec_verify_ct"], result["spec_verify_ct"])
+    reasoning_tokens = base["reasoning_tokens"] if base["finished_thinking"] else _add(
+        base["reasoning_tokens"], result["reasoning_tokens"] if result["reasoning_tokens"]
+        is not None else new)
+    out = {k: v for k, v in base.items() if not k.startswith("__")}
+    out.update({k: result.get(k) for k in (
+        "reasoning", "answer", "finished_thinking", "output_token_ids", "finish_reason",
+        "matched_stop", "cached_tokens", "budget_clamped_by", "replica")})
+    out.update(
+        _kind="data", version=base["version"] + 1, completion_tokens=total,
+        reasoning_tokens=reasoning_tokens, max_new_tokens=ctx["continue_to"],
+        effective_max_new_tokens=(base["completion_tokens"] or 0)
+        + result["effective_max_new_tokens"],
+        budget_history=list(base["budget_history"] or []) + [ctx["continue_to"]],
+        continuations=(base["continuations"] or 0) + 1, spec_verify_ct=verify,
+        accept_length=total / verify if verify else None,
+        repetition_ratio=repetition_ratio(result["output_token_ids"]),
+        latency_s=_add(base["latency_s"], result["latency_s"]), attempts=attempts,
+        created_at=now())
+    return out
+
+
 def failure_row(row: dict[str, Any], error_class: str, message: str, retryable: bool,
                 attempts: int, ctx: dict[str, Any], replica: Optional[str] = None) -> dict:
-    if error_class in REJECT_CLASSES:
+    if ctx.get("continue_to"):  # the row stays in data/ (truncated); record why it stays so
+        error_class = f"continuation:{error_class}"
+    elif error_class in REJECT_CLASSES:
         return reject_row(row, f"{error_class}: {message}")
     return {"_kind": "failures", "key": row["key"], "id": row["id"],
             "category": row["category"], "messages": row["messages"], "tools": row["tools"],
-            "source": row["source"], "line": row["line"], "error_class": error_class,
+            "source": row.get("source"), "line": row.get("line"), "error_class": error_class,
             "error_message": message[:2000], "retryable": retryable, "attempts": attempts,
             "replica": replica, "settings_hash": ctx["settings_hash"], "failed_at": now()}
 

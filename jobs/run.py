@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow.compute as pc
 
@@ -103,15 +103,23 @@ def summary_text(store: RunStore, snap: dict[str, Any]) -> str:
     ])
 
 
+def _report(store: RunStore) -> str:
+    """End-of-run report (report.md/json/png); a report problem never fails the run."""
+    from jobs.report import report_and_write
+    try:
+        report_and_write(store)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("report failed (the data is intact): %s", exc)
+        return ""
+    return f"\n  report:    {store.uri}/report.md (python -m jobs.report {store.uri})"
+
+
 def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
             max_total_tokens: Optional[int], stop_exc: type) -> Summary:
     import ray
 
-    from jobs import pipeline
-    from jobs.job_metrics import JobGauges
+    from jobs import continuation, pipeline
     from jobs.ledger import KeyLedger
-    from jobs.progress import ProgressTracker
-    from jobs.retry import CircuitOpen
     from jobs.sources import count_rows
     from serve_apps.app import deploy_or_attach
 
@@ -119,21 +127,40 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
     inputs = input_locations(cfg)
     ctx = pipeline.stage_context(cfg)
     state = RunState.read(store)
-    if not continue_truncated:
-        check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name)
-    ray.init(ignore_reinit_error=True, log_to_driver=True)
-    deploy_or_attach(cfg.engine, cfg.serve)
-    if continue_truncated:
-        from jobs.continuation import continue_run
-        return continue_run(cfg, store, max_total_tokens, stop_exc)
     total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+    if continue_truncated:
+        target = continuation.check_total(cfg, max_total_tokens)
+        wanted = continuation.to_continue(store, target)
+        logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
+        ray.init(ignore_reinit_error=True)
+        deploy_or_attach(cfg.engine, cfg.serve)
+        return _execute(cfg, store, total, stop_exc,
+                        lambda: continuation.build(cfg, store, wanted, target), cleanup=None)
+    check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name)
+    ray.init(ignore_reinit_error=True)
+    deploy_or_attach(cfg.engine, cfg.serve)
     ledger = KeyLedger.remote(state.done, state.failed, state.rejected, retry_failed)
+    return _execute(cfg, store, total, stop_exc,
+                    lambda: pipeline.build(cfg, inputs, ledger, store.uri),
+                    cleanup=lambda: ray.kill(ledger))
+
+
+def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
+             build: Callable, cleanup: Optional[Callable]) -> Summary:
+    """Stream the dataset into the run, with progress.json around it."""
+    import time
+
+    from jobs import pipeline
+    from jobs.job_metrics import JobGauges
+    from jobs.progress import ProgressTracker
+    from jobs.retry import CircuitOpen
+
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s,
                                JobGauges(cfg.job.run_name, cfg.engine.model_name)).start()
     status, error = "failed", None
     try:
-        pipeline.write(pipeline.build(cfg, inputs, ledger, store.uri), cfg, store.uri)
+        pipeline.write(build(), cfg, store.uri)
         status = "succeeded"
     except stop_exc:
         status = "stopped"
@@ -143,11 +170,14 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         logger.error("run failed: %s", error)
     finally:
         snap = progress.stop(status)
-        ray.kill(ledger)
+        if cleanup:
+            cleanup()
+        time.sleep(cfg.job.metrics_linger_s)  # let Prometheus scrape the final gauges
     if snap["failed"] and status == "succeeded":
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
                        snap["failed"], store.uri)
     text = summary_text(store, snap)
+    text += _report(store)
     if error:
         raise RunError(f"{error}\n{text}")
     return Summary(status, snap, text)

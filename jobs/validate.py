@@ -45,13 +45,15 @@ def _check_message(i: int, msg: Any) -> None:
     role = msg.get("role")
     if role not in ROLES:
         raise RowError(f"{where}.role {role!r} is not one of {', '.join(ROLES)}")
-    content = msg.get("content")
-    if content is None and role == "assistant" and msg.get("tool_calls"):
+    content, tool_calls = msg.get("content"), msg.get("tool_calls")
+    # tool_calls=None is normal: Parquet struct columns give every message the field.
+    if tool_calls is not None and not (isinstance(tool_calls, list)
+                                       and all(isinstance(c, dict) for c in tool_calls)):
+        raise RowError(f"{where}.tool_calls must be a list of objects")
+    if content is None and role == "assistant" and tool_calls:
         return
     if not isinstance(content, str):
         raise RowError(f"{where}.content must be a string, got {type(content).__name__}")
-    if "tool_calls" in msg and not isinstance(msg["tool_calls"], list):
-        raise RowError(f"{where}.tool_calls must be a list")
 
 
 def _check_id(row: dict) -> Optional[str]:

@@ -98,7 +98,8 @@ class EngineClient:
                 else:
                     payload = await resp.text()
                 status = resp.status
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                asyncio.TimeoutError) as exc:
             raise EngineUnavailable(f"{type(exc).__name__} calling {path}: {exc}") from exc
         if status == 200:
             return payload
@@ -119,6 +120,10 @@ class EngineClient:
         payload = await self._request("POST", "/tokenize",
                                       json={"prompt": text, "add_special_tokens": False})
         return list(payload["tokens"])
+
+    async def detokenize(self, ids: list[int]) -> str:
+        payload = await self._request("POST", "/detokenize", json={"tokens": ids})
+        return payload["text"]
 
     async def server_info(self) -> dict[str, Any]:
         return await self._request("GET", "/server_info")

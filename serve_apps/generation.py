@@ -4,6 +4,11 @@ This is the replica's request logic without any Ray in it, so it is tested direc
 against a real (simulated) engine process. Row-level failures come back as results
 with ``error_class`` set; only a dead engine raises (EngineDead) so Serve restarts us.
 
+Continuation (``prompt_len`` set): ``input_ids`` = prompt + earlier output, sent as ids
+(never re-tokenized text), so a continued row equals one long run token for token. The
+result then carries the whole output (ids and text); its counts (completion_tokens,
+spec_verify_ct, latency_s) are of the new segment only, which the job adds up.
+
 Context guard: prompt tokens + budget must fit ``context_length``. Policy ``clamp``
 shrinks the budget and records ``budget_clamped_by="context_guard"``; ``reject``
 fails the row as ``context_overflow``. A prompt that alone fills the context is
@@ -64,25 +69,34 @@ class Generator:
             effective = self.fit_budget(len(ids), budget, request.get("context_policy", "reject"))
             sampling = dict(request.get("sampling") or {}, max_new_tokens=effective)
             out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}")
+            prompt_len = request.get("prompt_len")
+            if prompt_len is None:
+                prompt_ids, output_ids, text = ids, out.output_ids, out.text
+            else:  # continuation: ids = prompt + earlier output; decode the whole output
+                prompt_ids, output_ids = ids[:prompt_len], ids[prompt_len:] + out.output_ids
+                text = await self.client.detokenize(output_ids)
         except EngineError as exc:
             if exc.retryable and not self._engine_alive():
                 raise EngineDead(f"engine process exited: {exc}") from exc
             return error_result(key, exc.error_class, str(exc), exc.retryable, self.replica_id)
-        return self._result(key, ids, out, budget, effective, time.perf_counter() - started)
+        result = self._result(key, prompt_ids, out, budget, effective,
+                              time.perf_counter() - started, text)
+        result["output_token_ids"] = output_ids
+        return result
 
     def _result(self, key: str, ids: list[int], out: EngineOutput, budget: int,
-                effective: int, latency_s: float) -> dict[str, Any]:
-        reasoning, answer, finished_thinking = split_reasoning(out.text, self.think_end)
+                effective: int, latency_s: float, text: str) -> dict[str, Any]:
+        reasoning, answer, finished_thinking = split_reasoning(text, self.think_end)
         clamped_by = "context_guard" if effective < budget else ""
         if out.finish_reason == "length" and out.finish_length and out.finish_length < effective:
             clamped_by = "engine"
         verify = out.spec_verify_ct
         return {
-            "key": key, "text": out.text, "reasoning": reasoning, "answer": answer,
+            "key": key, "text": text, "reasoning": reasoning, "answer": answer,
             "finished_thinking": finished_thinking,
             "prompt_token_ids": ids, "output_token_ids": out.output_ids,
             "finish_reason": out.finish_reason, "matched_stop": out.matched_stop,
-            "prompt_tokens": out.prompt_tokens or len(ids),
+            "prompt_tokens": len(ids),
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,
             "reasoning_tokens": _reasoning_tokens(out, finished_thinking),

@@ -12,9 +12,10 @@ from typing import Any
 
 # key: stable row key; run/category: metric labels; messages/tools: the chat prompt;
 # input_ids: token-exact continuation input (prompt + earlier output) instead of messages;
+# prompt_len: with input_ids, how many of them are the prompt (None for a first try);
 # max_new_tokens: the budget; sampling: validated SGLang sampling params;
 # context_policy: "clamp" (shrink the budget to fit, recorded) or "reject".
-REQUEST_KEYS = ("key", "run", "category", "messages", "tools", "input_ids",
+REQUEST_KEYS = ("key", "run", "category", "messages", "tools", "input_ids", "prompt_len",
                 "max_new_tokens", "sampling", "context_policy")
 
 RESULT_KEYS = (

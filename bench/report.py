@@ -1,0 +1,95 @@
+"""Figures of one mode and the markdown tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from bench.modes import ModeResult
+
+MiB = 1 << 20
+COLUMNS = ["mode", "rows", "wall s", "output tok/s", "× plain", "steady tok/s (engines)",
+           "capacity tok/s", "saturation", "t99→end s", "longest req s", "tail ÷ longest",
+           "CPU ms/row", "peak RSS MiB"]
+
+
+@dataclass
+class Figures:
+    mode: str
+    rows: int
+    expected_rows: int
+    errors: int
+    wall_s: float
+    tok_s: float
+    ratio_plain: Optional[float]
+    steady_tok_s: Optional[float]
+    capacity_tok_s: float
+    saturation: Optional[float]
+    window: tuple[float, float]
+    tail_s: float           # job end - time 99% of rows were done
+    last_row_s: float       # last row done - time 99% of rows were done
+    longest_s: float
+    tail_ratio: Optional[float]
+    cpu_ms_row: float
+    cpu_by_role: dict[str, float]
+    peak_rss_mib: float
+    rss_by_role: dict[str, float]
+    notes: list[str]
+
+    def row(self) -> list[str]:
+        return [self.mode, f"{self.rows}/{self.expected_rows}", f"{self.wall_s:.1f}",
+                f"{self.tok_s:,.0f}", _f(self.ratio_plain, "{:.3f}"),
+                _f(self.steady_tok_s, "{:,.0f}"),
+                f"{self.capacity_tok_s:,.0f}" if self.capacity_tok_s else "∞ (zero latency)",
+                _f(self.saturation, "{:.3f}"), f"{self.tail_s:.2f}", f"{self.longest_s:.2f}",
+                _f(self.tail_ratio, "{:.2f}"), f"{self.cpu_ms_row:.2f}",
+                f"{self.peak_rss_mib:,.0f}"]
+
+
+def _f(value: Optional[float], fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]) -> Figures:
+    wall = res.ended_at - res.started_at
+    tok_s = res.output_tokens / wall if wall > 0 else 0.0
+    done = np.sort(res.done_at)
+    steady = saturation = None
+    window = (0.0, 0.0)
+    tail = last = 0.0
+    if done.size:
+        t10, t90, t99 = (float(np.quantile(done, q)) for q in (0.10, 0.90, 0.99))
+        window = (t10 - res.started_at, t90 - res.started_at)
+        steady = res.watch.rate(t10, t90) if res.watch else None
+        if steady is not None and capacity_tok_s > 0:
+            saturation = steady / capacity_tok_s
+        tail, last = res.ended_at - t99, float(done[-1]) - t99
+    longest = float(res.latency_s.max()) if res.latency_s.size else 0.0
+    cpu_total = sum(res.cpu_s.values())
+    return Figures(
+        mode=res.mode, rows=res.rows, expected_rows=res.expected_rows, errors=res.errors,
+        wall_s=wall, tok_s=tok_s, ratio_plain=(tok_s / plain_tok_s) if plain_tok_s else None,
+        steady_tok_s=steady, capacity_tok_s=capacity_tok_s, saturation=saturation,
+        window=window, tail_s=tail, last_row_s=last, longest_s=longest,
+        tail_ratio=(tail / longest) if longest > 0 else None,
+        cpu_ms_row=1000.0 * cpu_total / max(res.rows, 1),
+        cpu_by_role={k: round(v, 2) for k, v in res.cpu_s.items()},
+        peak_rss_mib=res.peak_rss_total / MiB,
+        rss_by_role={k: round(v / MiB, 1) for k, v in res.peak_rss.items()},
+        notes=list(res.notes))
+
+
+def markdown(figs: list[Figures], header: list[str]) -> str:
+    lines = list(header) + ["", "| " + " | ".join(COLUMNS) + " |",
+                            "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(f.row()) + " |" for f in figs]
+    lines += ["", "Details:", ""]
+    for f in figs:
+        lines.append(
+            f"- **{f.mode}**: steady window {f.window[0]:.1f}–{f.window[1]:.1f} s after start; "
+            f"last row done {f.last_row_s:.2f} s after the 99% mark; errors {f.errors}; "
+            f"CPU s by role {f.cpu_by_role}; peak RSS MiB by role {f.rss_by_role}"
+            + (f"; {'; '.join(f.notes)}" if f.notes else ""))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,222 @@
+"""Orchestrate one benchmark run: prompts -> engines -> each mode in turn -> table.
+
+Usable standalone (``python -m bench ...`` starts a local Ray cluster and stops it)
+and inside a process where Ray is already initialised (pytest's ray_cluster
+fixture): then it uses that cluster and only deletes its own Serve app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.engines import capacity_tok_s
+from bench.modes import REPO, RUNNERS, Context
+from bench.procs import ProcTree
+from bench.prompts import prompt_file
+from bench.report import Figures, figures, markdown
+
+logger = logging.getLogger("bench")
+MODES = ("raygen", "plain", "raydata_llm")
+
+
+@dataclass
+class Options:
+    prompts: int = 10_000
+    replicas: int = 4
+    time_scale: float = 0.1
+    zero_latency: bool = False
+    modes: tuple[str, ...] = MODES
+    out: Optional[str] = None
+    output: Optional[str] = None     # raygen's job.output (default: local, under work_dir)
+    work_dir: str = str(REPO / ".local" / "bench")
+    inflight: Optional[int] = None   # rows in flight, every mode (default replicas x 64)
+    actors: int = 2                  # raygen generate actors / ray.data.llm actors
+    max_running: int = 48
+    max_new_tokens: int = 4096
+    app_name: str = "raygen-bench"
+    seed: int = 0
+    keep_outputs: bool = False
+    rss_period_s: float = 0.5
+    job: dict[str, Any] = field(default_factory=dict)  # extra raygen job settings
+
+    @property
+    def scale(self) -> float:
+        return 0.0 if self.zero_latency else self.time_scale
+
+
+@dataclass
+class BenchResult:
+    options: Options
+    figures: list[Figures]
+    markdown: str
+    engine_urls: list[str]
+    capacity_tok_s: float
+
+
+def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
+    storage: dict[str, Any] = {}
+    if opt.output and opt.output.startswith("s3://"):
+        storage["endpoint_url"] = os.environ.get("RAYGEN_S3_ENDPOINT")
+    job = {"input": str(prompts), "output": opt.output or str(Path(opt.work_dir) / "runs"),
+           "run_name": "bench", "max_new_tokens": opt.max_new_tokens,
+           "min_actors": opt.actors, "max_actors": opt.actors,
+           "inflight_rows_per_actor": max(1, inflight // opt.actors),
+           "batch_size": 64, "max_batches_per_actor": 8, "rows_per_file": 256,
+           "progress_interval_s": 5, **opt.job}
+    return {
+        "engine": {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
+                   "max_running_requests": opt.max_running, "start_timeout_s": 120,
+                   "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
+                   "simulator": {"time_scale": opt.scale, "accept_length": 3.0}},
+        "serve": {"app_name": opt.app_name, "max_ongoing_requests": max(64, opt.max_running),
+                  "num_cpus_per_replica": 0.1,
+                  "autoscaling": {"min_replicas": opt.replicas, "max_replicas": opt.replicas,
+                                  "target_ongoing_requests": opt.max_running}},
+        "job": job,
+        "storage": storage,
+    }
+
+
+def engine_urls(handle, replicas: int, attempts: int = 50) -> list[str]:
+    """Ask the replicas (through Serve's router) until every engine URL has been seen."""
+    urls: set[str] = set()
+    for _ in range(attempts):
+        calls = [handle.info.remote() for _ in range(4 * replicas)]
+        urls.update(c.result()["engine_url"] for c in calls)
+        if len(urls) >= replicas:
+            break
+    if len(urls) != replicas:
+        raise RuntimeError(f"found {len(urls)} engine URLs for {replicas} replicas: {urls}")
+    return sorted(urls)
+
+
+def machine() -> str:
+    try:
+        model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                      if l.startswith("model name")), platform.processor())
+    except OSError:
+        model = platform.processor()
+    import psutil
+    import ray
+    mem = psutil.virtual_memory().total / 2**30
+    return (f"{os.cpu_count()} cores ({model}), {mem:.0f} GiB RAM, Python "
+            f"{platform.python_version()}, ray {ray.__version__}, load average "
+            f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
+    import ray
+    from ray import serve
+
+    from jobs.config import parse_config
+    from serve_apps.app import deploy_or_attach
+
+    unknown = set(opt.modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES}")
+    work = Path(opt.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    inflight = opt.inflight or opt.replicas * max(64, opt.max_running)
+    prompts = prompt_file(work, opt.prompts, opt.seed)
+    tree = config_tree(opt, prompts, inflight)
+    cfg = parse_config(tree)
+
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # As tests/integration/conftest.py: more logical CPUs than cores (every raygen
+        # stage reserves a fraction of a CPU and is I/O-bound).
+        ray.init(address="local", num_cpus=8, include_dashboard=True,
+                 dashboard_host="127.0.0.1", log_to_driver=False)
+    machine_line = machine()
+    try:
+        handle = deploy_or_attach(cfg.engine, cfg.serve)
+        urls = engine_urls(handle, opt.replicas)
+        capacity = capacity_tok_s(urls)
+        ctx = Context(cfg=cfg, tree=tree, prompts=prompts, rows=opt.prompts, work_dir=work,
+                      engine_urls=urls, inflight=inflight, actors=opt.actors,
+                      proc_tree=ProcTree(), rss_period_s=opt.rss_period_s,
+                      keep_outputs=opt.keep_outputs)
+        results = []
+        for mode in opt.modes:
+            logger.warning("bench: mode %s, %d prompts ...", mode, opt.prompts)
+            res = RUNNERS[mode](ctx)
+            logger.warning("bench: mode %s done in %.1f s", mode, res.ended_at - res.started_at)
+            results.append(res)
+            time.sleep(1.0)  # let the engines' last scrape and the pools settle
+    finally:
+        try:
+            serve.delete(opt.app_name)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("could not delete Serve app %s: %s", opt.app_name, exc)
+        if own_ray:
+            serve.shutdown()
+            ray.shutdown()
+
+    plain = next((r for r in results if r.mode == "plain"), None)
+    plain_tok_s = plain.output_tokens / (plain.ended_at - plain.started_at) if plain else None
+    figs = [figures(r, capacity, plain_tok_s) for r in results]
+    command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv or []))
+    header = [
+        f"Command: `{command}`",
+        "",
+        f"Settings: {opt.prompts} prompts (jobs.demo_prompts.build, seed {opt.seed}), "
+        f"{opt.replicas} replicas = {opt.replicas} simulated engines "
+        f"(max_running_requests {opt.max_running}, max_decode_tok_s 3500, "
+        f"per_request_decode_tok_s 100, time_scale {opt.scale}, NEXTN accept 3.0), "
+        f"max_new_tokens {opt.max_new_tokens}, {inflight} rows in flight in every mode; "
+        f"raygen: {opt.actors} generate actors x {max(1, inflight // opt.actors)} in flight, "
+        f"batch 64, 8 batches/actor, 256 rows/file, output "
+        f"{'S3' if (opt.output or '').startswith('s3://') else 'local Parquet'}.",
+        "",
+        f"Machine: {machine_line}.",
+    ]
+    text = markdown(figs, header)
+    if opt.out:
+        Path(opt.out).write_text(text)
+    return BenchResult(opt, figs, text, urls, capacity)
+
+
+def parse_args(argv: Optional[list[str]]) -> Options:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--prompts", type=int, default=10_000)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--time-scale", type=float, default=0.1,
+                   help="simulator wall s per simulated s (default 0.1)")
+    p.add_argument("--zero-latency", action="store_true", help="time_scale 0")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--out", help="also write the markdown table here")
+    p.add_argument("--output", help="raygen job.output (default: local dir under --work-dir)")
+    p.add_argument("--work-dir", default=str(REPO / ".local" / "bench"))
+    p.add_argument("--inflight", type=int, help="rows in flight (default replicas x 64)")
+    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--keep-outputs", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra raygen job setting, e.g. --set batch_size=32")
+    a = p.parse_args(argv)
+    import yaml
+    job = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in a.set)}
+    return Options(prompts=a.prompts, replicas=a.replicas, time_scale=a.time_scale,
+                   zero_latency=a.zero_latency,
+                   modes=tuple(m.strip() for m in a.modes.split(",") if m.strip()),
+                   out=a.out, output=a.output, work_dir=a.work_dir, inflight=a.inflight,
+                   actors=a.actors, max_new_tokens=a.max_new_tokens,
+                   keep_outputs=a.keep_outputs, job=job)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    result = run_bench(parse_args(argv), argv)
+    print(result.markdown)
+    return 0
