@@ -1,4 +1,4 @@
-"""CPU time and RSS of the benchmark's process tree, by role.
+"""CPU time and RSS of the benchmark's process tree, by role and component.
 
 Every process of the run descends from the driver: ``ray.init(address="local")``
 starts gcs_server, raylet, the dashboard and the log monitor as the driver's
@@ -16,9 +16,11 @@ simulator). Roles:
 - excluded        engine processes (engine_guard + simulator), the moto S3 server,
                   the plain client (measured on its own)
 
-CPU of a process = user + system + children_user + children_system, so workers
-that exit during a window (Ray Data task workers, reaped by raylet) are still
-counted through their parent. A window's CPU is the difference of two snapshots.
+CPU of a process = user + system; its children_user + children_system (children
+that exited and were reaped) are added too, so workers that exit during a window
+are still counted: raylet's reaped children are booked as ``exited_workers``
+(role ray_workers), not as raylet. A window's CPU is the difference of two
+snapshots. Components (COMPONENTS) give the finer split.
 """
 
 from __future__ import annotations

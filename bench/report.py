@@ -34,6 +34,7 @@ class Figures:
     tail_ratio: Optional[float]
     cpu_ms_row: float
     cpu_by_role: dict[str, float]
+    cpu_by_component: dict[str, float]
     peak_rss_mib: float
     rss_by_role: dict[str, float]
     notes: list[str]
@@ -75,10 +76,20 @@ def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]
         window=window, tail_s=tail, last_row_s=last, longest_s=longest,
         tail_ratio=(tail / longest) if longest > 0 else None,
         cpu_ms_row=1000.0 * cpu_total / max(res.rows, 1),
-        cpu_by_role={k: round(v, 2) for k, v in res.cpu_s.items()},
+        cpu_by_role=_by_role(res.cpu_s),
+        cpu_by_component={k: round(v, 2) for k, v in res.cpu_s.items() if abs(v) >= 0.005},
         peak_rss_mib=res.peak_rss_total / MiB,
         rss_by_role={k: round(v / MiB, 1) for k, v in res.peak_rss.items()},
         notes=list(res.notes))
+
+
+def _by_role(cpu: dict[str, float]) -> dict[str, float]:
+    from bench.procs import COMPONENTS
+    out: dict[str, float] = {}
+    for component, value in cpu.items():
+        role = COMPONENTS.get(component, component)
+        out[role] = out.get(role, 0.0) + value
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 def markdown(figs: list[Figures], header: list[str]) -> str:
@@ -90,6 +101,7 @@ def markdown(figs: list[Figures], header: list[str]) -> str:
         lines.append(
             f"- **{f.mode}**: steady window {f.window[0]:.1f}–{f.window[1]:.1f} s after start; "
             f"last row done {f.last_row_s:.2f} s after the 99% mark; errors {f.errors}; "
-            f"CPU s by role {f.cpu_by_role}; peak RSS MiB by role {f.rss_by_role}"
+            f"CPU s by role {f.cpu_by_role} (by component {f.cpu_by_component}); "
+            f"peak RSS MiB by role {f.rss_by_role}"
             + (f"; {'; '.join(f.notes)}" if f.notes else ""))
     return "\n".join(lines) + "\n"

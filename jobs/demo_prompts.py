@@ -56,8 +56,10 @@ def reasoning(rng: random.Random, i: int) -> dict[str, Any]:
 def multi_turn(rng: random.Random, i: int) -> dict[str, Any]:
     topic = rng.choice(["binary search", "TCP slow start", "Bayes' rule", "B-trees",
                         "garbage collection", "the CAP theorem", "gradient clipping"])
+    who = rng.choice(["a new hire", "a product manager", "a student", "an SRE on call"])
     return {"messages": [
-        {"role": "user", "content": f"Explain {topic} in two sentences."},
+        {"role": "user", "content": f"Explain {topic} in two sentences for {who} "
+                                    f"(ticket #{rng.randint(1000, 99999)})."},
         {"role": "assistant", "content": f"{topic.capitalize()} is a standard idea; in short, "
                                          "it trades one cost for another."},
         {"role": "user", "content": f"Now give a worked example of {topic} and the most common "
@@ -65,17 +67,19 @@ def multi_turn(rng: random.Random, i: int) -> dict[str, Any]:
 
 
 def tool_calling(rng: random.Random, i: int) -> dict[str, Any]:
-    city = rng.choice(CITIES)
+    city, day = rng.choice(CITIES), rng.choice(["today", "tomorrow", "this weekend"])
     if i % 2:
         return {"tools": [WEATHER_TOOL], "messages": [
-            {"role": "user", "content": f"Should I bring an umbrella in {city} today?"}]}
+            {"role": "user", "content": f"I land in {city} {day} around {rng.randint(5, 23)}:00."
+                                        f" Should I bring an umbrella?"}]}
     call = {"id": f"call_{i}", "type": "function", "function": {
         "name": "search_docs", "arguments": json.dumps({"query": "retry policy", "top_k": 3})}}
     return {"tools": [SEARCH_TOOL], "messages": [
         {"role": "user", "content": "How does the job retry failed requests?"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "content": "Retries use exponential backoff with jitter, 4 attempts."},
-        {"role": "user", "content": "Summarize that and suggest a safer setting for flaky GPUs."}]}
+        {"role": "user", "content": f"Summarize that and suggest a safer setting for a fleet "
+                                    f"of {rng.randint(2, 64)} flaky GPUs."}]}
 
 
 MIX = [("coding", coding, 0.40), ("reasoning", reasoning, 0.30),

@@ -31,6 +31,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="continue every length-truncated row token-exactly")
     parser.add_argument("--max-total-tokens", type=int, default=None,
                         help="with --continue-truncated: the new total output budget")
+    parser.add_argument("--pilot", type=int, default=None, metavar="N",
+                        help="run ~N prompts stratified by category as <run>-pilot (use a "
+                        "high --set job.max_new_tokens) and report the what-if per cap")
     return parser.parse_args(argv)
 
 
@@ -52,6 +55,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     from jobs.run import RunError, run_job  # heavy imports (ray) only after the config is ok
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if args.pilot:
+        from jobs.pilot import pilot_config
+        cfg = pilot_config(cfg, args.pilot)
     try:
         summary = run_job(cfg, retry_failed=args.retry_failed,
                           continue_truncated=args.continue_truncated,
