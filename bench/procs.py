@@ -66,6 +66,8 @@ def classify(proc: psutil.Process, root_pid: int) -> Optional[str]:
             return None
     if any(m in cmd for m in EXCLUDE_MARKERS):
         return None
+    if "default_worker.py" in cmd and not cmd.startswith("ray::"):
+        return "ray_data_workers"  # not titled yet
     if "ServeController" in cmd:
         return "serve_controller"
     if "ServeReplica" in cmd:
@@ -118,10 +120,16 @@ class ProcTree:
                 continue
             cached = self._procs.get(pid)
             if cached is None or not _same(cached, proc):
-                self._procs[pid] = proc
-                self._roles[pid] = classify(proc, self.root_pid)
-                cached = proc
-            role = self._roles[pid]
+                self._procs[pid] = cached = proc
+                self._roles.pop(pid, None)
+            role = self._roles.get(pid)
+            if role is None:
+                role = classify(cached, self.root_pid)
+                # A worker shows its launch command line until it sets its title
+                # (ray::IDLE, ray::MapWorker(...), ray::ServeReplica...): classify
+                # it again next time instead of caching a guess.
+                if role != "ray_data_workers":
+                    self._roles[pid] = role
             if role is None:
                 excluded.add(pid)
                 continue
