@@ -65,6 +65,8 @@ class BreakerConfig(StrictModel):
 
 
 class JobConfig(StrictModel):
+    """The Ray Data job: inputs, the run prefix, budget, sampling, concurrency, retries."""
+
     input: list[str] = Field(description="Prompt files: JSONL or Parquet, local or s3://.")
     output: str = Field(description="Run prefix parent: local dir or s3://bucket/prefix.")
     run_name: str = Field(description="Run folder under output; rerun the same to resume.")
@@ -104,6 +106,8 @@ class JobConfig(StrictModel):
 
 
 class StorageConfig(StrictModel):
+    """Where s3:// URIs go. Credentials: the AWS environment/credential chain only."""
+
     endpoint_url: Optional[str] = Field(
         None, description="S3-compatible endpoint (MinIO, moto); None = AWS. Credentials come "
         "from the AWS environment/credential chain, never from this file.")

@@ -33,6 +33,8 @@ ExtraArgValue = Union[str, int, float, bool, None]
 
 
 class EngineConfig(StrictModel):
+    """The engine one replica supervises: which server, which model, its SGLang flags."""
+
     kind: Literal["sglang", "simulator"] = Field(
         "simulator", description="Which server process a replica supervises.")
     model_path: str = Field(
@@ -93,6 +95,8 @@ class AutoscalingConfig(StrictModel):
 
 
 class ServeConfig(StrictModel):
+    """The Serve application: replicas (one per GPU), autoscaling, health checks."""
+
     app_name: str = Field("raygen", description="Serve application name (one per model).")
     deployment_name: str = Field("engine", description="Serve deployment name.")
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)

@@ -1,0 +1,78 @@
+"""Write docs/CONFIG.md from the pydantic config models, so the reference never drifts.
+
+    python -m jobs.config_doc            # rewrite docs/CONFIG.md
+    python -m jobs.config_doc --check    # exit 1 if it is stale (a test runs this)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from jobs.config import RunConfig
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md"
+HEADER = """# Config reference
+
+Generated from `jobs/config.py` and `serve_apps/config.py` by `python -m jobs.config_doc`.
+A run is one YAML file with four sections; unknown keys are errors. Override any key on
+the command line: `--set job.max_new_tokens=8192`.
+"""
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "**required**"
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return "(section)" if isinstance(value, BaseModel) else f"`{value!r}`"
+    return f"`{field.default!r}`"
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows, nested = [], []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if _is_model(field.annotation):
+            nested.append((field.annotation, key))
+            continue
+        ann = field.annotation
+        kind = ann.__name__ if isinstance(ann, type) else repr(ann).replace("typing.", "")
+        kind = kind.replace("|", "\\|")
+        desc = (field.description or "").replace("\n", " ")
+        rows.append(f"| `{key}` | {kind} | {_default(field)} | {desc} |")
+    for sub, key in nested:
+        rows += _rows(sub, key)
+    return rows
+
+
+def render() -> str:
+    parts = [HEADER]
+    for section, field in RunConfig.model_fields.items():
+        parts.append(f"\n## `{section}`\n\n{(field.annotation.__doc__ or '').strip()}\n")
+        parts.append("| key | type | default | meaning |\n|---|---|---|---|")
+        parts += _rows(field.annotation, section)
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is stale: run python -m jobs.config_doc", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
