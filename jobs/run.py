@@ -162,7 +162,7 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     try:
         pipeline.write(build(), cfg, store.uri)
         status = "succeeded"
-    except stop_exc:
+    except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM) or Ctrl-C
         status = "stopped"
     except Exception as exc:  # noqa: BLE001 - reported below with the cause
         breaker = find_cause(exc, CircuitOpen)

@@ -1,0 +1,444 @@
+"""Observability checked against a REAL Prometheus scraping the test's Ray cluster.
+
+A private Prometheus (module fixture) scrapes this session's Ray cluster through Ray's
+file-SD list and evaluates ``dashboards/prometheus/raygen_rules.yml`` every second.
+Four runs then produce every signal the dashboard and the alerts use:
+
+* ``-faults``: 60 prompts + 2 malformed lines while the engines answer 40% of requests
+  with 503 and the job allows 2 attempts -> retries, permanent failures, rejects.
+* ``-crash``: a job driver in a subprocess, SIGKILLed once Prometheus has seen it
+  running -> its gauges vanish with rows left -> RaygenJobDriverGone's query has data.
+* ``-counted``: 150 prompts + 2 malformed lines, no faults, max_new_tokens 4096 (some
+  truncation). Its counters must agree exactly with its Parquet output.
+
+Then:
+
+1. every dashboard panel target (taken from the generator) returns a series;
+2. every rule in the rules file evaluates without error, and each alert's signal (its
+   query before the threshold comparison, as ``alerts.Alert`` exposes it) and each
+   recording rule return data (both the Prometheus form and Grafana's inlined form);
+3. output tokens, prompt tokens, completions by finish_reason (so the truncated
+   fraction), speculative counters, job gauges and the job-side counters match the
+   Parquet output exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pandas as pd
+import pytest
+import yaml
+
+from dashboards import alerts, build, panels
+from dashboards import metrics_catalog as mc
+from dashboards import promql as q
+from serve_apps.engine_process import free_port
+from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import CLEAR_FAULTS, engine_urls, read, run, set_faults, write_yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+REPO_PROM_CONFIG = REPO / "cluster" / "prometheus" / "prometheus.yml"
+SD_FILE = "prom_metrics_service_discovery.json"
+APP = "raygen-test"  # the app run_config deploys; shared with the other integration tests
+MODEL = "sim-test"  # run_config's engine.model_path (model_name defaults to it)
+INTERVAL_S = 1  # scrape + rule evaluation interval of the test Prometheus
+BAD_LINES = ['{"id": "broken", "messages": [', '{"id": "nomsg"}']
+FINAL_WAIT_S = 90  # bound for "the final values are scraped" (Ray reports every ~10 s)
+
+
+# --- Prometheus --------------------------------------------------------------------
+
+class PromError(AssertionError):
+    pass
+
+
+@dataclass
+class Prom:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+    started: float
+
+    def api(self, path: str, **params: Any) -> Any:
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params, doseq=True)
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                body = json.load(resp)
+        except urllib.error.HTTPError as exc:  # 400/422 carry the PromQL error as JSON
+            body = json.loads(exc.read() or b"{}")
+        if body.get("status") != "success":
+            raise PromError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str, at: Optional[float] = None) -> list[dict]:
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        data = self.api("query", **params)
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": data["result"]}]
+        return data["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float = INTERVAL_S) -> list[dict]:
+        return self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
+                        step=str(step))["result"]
+
+    def value(self, expr: str, at: Optional[float] = None) -> Optional[float]:
+        """The single value of an aggregated expression, None when it has no series."""
+        result = self.query(expr, at)
+        assert len(result) <= 1, f"{expr} returned {len(result)} series"
+        return float(result[0]["value"][1]) if result else None
+
+
+def _session_dir() -> Path:
+    import ray
+    return Path(ray._private.worker.global_worker.node.get_session_dir_path())
+
+
+def prometheus_config(sd_file: Path) -> dict:
+    """cluster/prometheus/prometheus.yml, pointed at this session's file-SD list and the
+    rules file by absolute path, with 1 s intervals."""
+    cfg = yaml.safe_load(REPO_PROM_CONFIG.read_text())
+    # The repo config must load the real rules file (its path is relative to the config).
+    (rules,) = cfg["rule_files"]
+    assert (REPO_PROM_CONFIG.parent / rules).resolve() == build.RULES_YML
+    (job,) = cfg["scrape_configs"]
+    (sd,) = job["file_sd_configs"]
+    assert sd["files"] == [f"/tmp/ray/{SD_FILE}"], sd
+    cfg["global"].update(scrape_interval=f"{INTERVAL_S}s", evaluation_interval=f"{INTERVAL_S}s",
+                         scrape_timeout=f"{INTERVAL_S}s")
+    cfg["rule_files"] = [str(build.RULES_YML)]
+    # This session's own file, not the /tmp/ray symlink: other Ray clusters on the
+    # machine (other engineers' tests) keep re-pointing that symlink at themselves.
+    sd.update(files=[str(sd_file)], refresh_interval="2s")
+    return cfg
+
+
+def _wait(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last_exc: Optional[BaseException] = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (OSError, PromError) as exc:
+            last_exc = exc
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last_exc})")
+
+
+@pytest.fixture(scope="module")
+def prometheus(ray_cluster, tmp_path_factory):
+    assert subprocess.run(["which", "prometheus"], capture_output=True).returncode == 0, \
+        "prometheus not on PATH (apt-get install prometheus)"
+    sd_file = _session_dir() / SD_FILE
+    _wait(f"Ray to write {sd_file}", sd_file.exists, 30)
+    work = tmp_path_factory.mktemp("prometheus")
+    config = work / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(sd_file), sort_keys=False))
+    check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    port = free_port()
+    log = work / "prometheus.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    prom = Prom(f"http://127.0.0.1:{port}", proc, log, time.time())
+    try:
+        def ready():
+            assert proc.poll() is None, f"prometheus exited: {log.read_text()[-2000:]}"
+            with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
+                return resp.status == 200
+        _wait("prometheus to be ready", ready, 30)
+        _wait("Ray's metrics endpoints to be scraped",
+              lambda: prom.query('up{job="ray"} == 1') and prom.query("ray_node_cpu_count"), 60)
+        yield prom
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --- the runs ------------------------------------------------------------------------
+
+@dataclass
+class Live:
+    prom: Prom
+    runs: dict[str, str]  # role -> run name
+    t0: float  # before the first run
+    t_end: float = 0.0  # every query is evaluated at this instant
+    window: str = ""  # covers everything since Prometheus started: stands in for $__rate_interval
+    counted: dict[str, pd.DataFrame] = field(default_factory=dict)
+    faults: dict[str, pd.DataFrame] = field(default_factory=dict)
+    waited: dict[str, bool] = field(default_factory=dict)
+
+    def sel(self, metric: str, role: str, *matchers: str) -> str:
+        return q.sel(metric, f'run="{self.runs[role]}"', *matchers)
+
+
+def _tree(tmp: Path, s3_endpoint: str, name: str, n: int, extra_lines=(), **job: Any) -> dict:
+    rows = write_prompts(tmp / f"{name}.jsonl", n, extra_lines=list(extra_lines))
+    return run_config(tmp, s3_endpoint, rows_file=str(rows), run_name=name, app_name=APP, job=job)
+
+
+def _start_crash_driver(tree: dict, tmp: Path) -> subprocess.Popen:
+    """A real `python -m jobs.generate` driver on this cluster (RAY_ADDRESS is set by the
+    ray_cluster fixture), slow on purpose (2 rows in flight) so it is still running
+    when it is killed."""
+    cfg = write_yaml(tmp / "crash.yaml", tree)
+    log = open(tmp / "crash-driver.log", "wb")
+    return subprocess.Popen([sys.executable, "-m", "jobs.generate", "--config", str(cfg)],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
+    tmp = tmp_path_factory.mktemp("metrics-live")
+    prefix = f"mlive-{uuid.uuid4().hex[:6]}"
+    runs = {role: f"{prefix}-{role}" for role in ("warm", "faults", "crash", "counted")}
+    t0 = time.time()
+    lv = Live(prometheus, runs, t0)
+    prom = prometheus
+
+    # Bring the app up (or attach to it) so the engines exist for /sim/faults.
+    run(_tree(tmp, s3_endpoint, runs["warm"], 2))
+    urls = engine_urls(APP, 2)
+
+    crash_tree = _tree(tmp, s3_endpoint, runs["crash"], 3000, inflight_rows_per_actor=2, batch_size=4)
+    crash = _start_crash_driver(crash_tree, tmp)
+    try:
+        # Retries, permanent failures (503 twice in a row) and rejects, in their own run.
+        faults_tree = _tree(tmp, s3_endpoint, runs["faults"], 60, BAD_LINES,
+                            retries={"max_attempts": 2})
+        try:
+            set_faults(urls, error_rate=0.4, error_status=503)
+            run(faults_tree)
+        finally:
+            set_faults(urls, **CLEAR_FAULTS)
+        lv.faults = {kind: read(faults_tree, kind) for kind in ("data", "failures", "rejects")}
+
+        # Kill the crash driver once Prometheus has seen it running (Ray reports every ~10 s).
+        running = lv.sel(mc.JOB_RUNNING.prom_name, "crash")
+        _wait("the crash driver's job_running=1 in Prometheus",
+              lambda: crash.poll() is None and prom.value(f"max({running})") == 1, 90)
+        assert crash.poll() is None, "the crash driver finished before it could be killed"
+    finally:
+        if crash.poll() is None:
+            crash.send_signal(signal.SIGKILL)
+        crash.wait()
+
+    # The counted run: no faults, so every request is generated exactly once.
+    counted_tree = _tree(tmp, s3_endpoint, runs["counted"], 150, BAD_LINES)
+    summary = run(counted_tree)
+    assert summary.status == "succeeded"
+    lv.counted = {kind: read(counted_tree, kind) for kind in ("data", "failures", "rejects")}
+
+    # Wait (bounded) until Prometheus holds the final values of everything checked below.
+    data, fdata, ffail = lv.counted["data"], lv.faults["data"], lv.faults["failures"]
+    conditions = {
+        "counted completions": (f"sum({lv.sel(mc.COMPLETIONS.prom_name, 'counted')})", len(data)),
+        "counted output tokens": (f"sum({lv.sel(mc.OUTPUT_TOKENS.prom_name, 'counted')})",
+                                  int(data.completion_tokens.sum())),
+        "counted rows_done": (f"max({lv.sel(mc.JOB_ROWS_DONE.prom_name, 'counted')})", len(data)),
+        "counted job_running=0": (f"max({lv.sel(mc.JOB_RUNNING.prom_name, 'counted')})", 0),
+        "counted rejects": (f"sum({lv.sel(mc.REJECTS.prom_name, 'counted')})", len(BAD_LINES)),
+        "faults failures": (f"sum({lv.sel(mc.FAILURES.prom_name, 'faults')})", len(ffail)),
+        "faults retries": (f"sum({lv.sel(mc.RETRIES.prom_name, 'faults')})",
+                           int((fdata.attempts - 1).sum() + (ffail.attempts - 1).sum())),
+        "crash driver's gauges gone": (f"count({lv.sel(mc.JOB_RUNNING.prom_name, 'crash')}) or vector(0)", 0),
+    }
+    pending = dict(conditions)
+    deadline = time.monotonic() + FINAL_WAIT_S
+    while pending and time.monotonic() < deadline:
+        for name, (expr, want) in list(pending.items()):
+            if prom.value(expr) == want:
+                del pending[name]
+        time.sleep(INTERVAL_S)
+    lv.waited = {name: name not in pending for name in conditions}
+    time.sleep(2 * INTERVAL_S)  # one more rule evaluation on the final samples
+    lv.t_end = time.time()
+    lv.window = f"{math.ceil(lv.t_end - prom.started) + 5}s"
+    print(f"\nruns {runs}; waited for final values: {lv.waited}; "
+          f"total {lv.t_end - t0:.0f}s, window {lv.window}")
+    return lv
+
+
+# --- 1. dashboard panels ------------------------------------------------------------
+
+def _substitute(expr: str, values: dict[str, str]) -> str:
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    assert "$" not in expr, f"unsubstituted variable in {expr}"
+    return expr
+
+
+def _panel_targets() -> list[tuple[str, str]]:
+    dashboard, _ = panels.build()
+    out = []
+    for p in dashboard["panels"]:
+        for t in p.get("targets", []):
+            out.append((f"{p['title']} [{t['refId']}]", t["expr"]))
+    return out
+
+
+def test_generated_files_are_current():
+    # The rules Prometheus loads and the dashboard JSON are what the generator produces.
+    assert build.stale_files() == [], "run `python -m dashboards.build`"
+
+
+def test_every_panel_target_returns_data(live):
+    run_regex = "(" + "|".join(re.escape(r) for r in live.runs.values()) + ")"  # Grafana's multi-value format
+    values = {"run": run_regex, "model": MODEL, "datasource": "unused",
+              "__rate_interval": live.window, "__interval": f"{INTERVAL_S}s"}
+    targets = _panel_targets()
+    assert len(targets) > 20
+    empty, errors = [], []
+    for title, expr in targets:
+        try:
+            if not live.prom.query(_substitute(expr, values), live.t_end):
+                empty.append(title)
+        except PromError as exc:
+            errors.append(f"{title}: {exc}")
+    assert not errors, "panel queries failed:\n" + "\n".join(errors)
+    assert not empty, f"panel targets with no series: {empty}"
+
+    # The dashboard's variables find the runs and the model.
+    run_values = live.prom.api("label/run/values", **{"match[]": mc.JOB_RUNNING.prom_name})
+    assert {live.runs[r] for r in ("faults", "counted")} <= set(run_values)
+    models = live.prom.api("label/model/values", **{"match[]": f'{mc.JOB_RUNNING.prom_name}{{run=~"{run_regex}"}}'})
+    assert models == [MODEL]
+
+
+# --- 2. alerts -------------------------------------------------------------------------
+
+def test_every_rule_evaluates_and_every_alert_signal_has_data(live):
+    prom = live.prom
+    rules_file = yaml.safe_load(build.RULES_YML.read_text())
+    (group,) = rules_file["groups"]
+    file_alerts = {r["alert"]: r["expr"] for r in group["rules"] if "alert" in r}
+    file_records = {r["record"]: r["expr"] for r in group["rules"] if "record" in r}
+    assert file_alerts == {a.name: a.expr for a in alerts.ALERTS}
+    assert file_records == alerts.RECORDING_RULES
+
+    # Prometheus evaluated every rule of the file without error.
+    (loaded,) = [g for g in prom.api("rules")["groups"] if g["name"] == alerts.GROUP]
+    assert len(loaded["rules"]) == len(group["rules"])
+    bad = [(r["name"], r.get("lastError")) for r in loaded["rules"] if r["health"] != "ok"]
+    assert not bad, bad
+
+    problems = []
+    for name in alerts.RECORDING_RULES:
+        if not prom.query_range(name, live.t0, live.t_end):
+            problems.append(f"recording rule {name}: no data")
+    for a in alerts.ALERTS:
+        # Each expression is evaluated directly too (an error raises PromError).
+        prom.query(a.expr, live.t_end)
+        prom.query(alerts.inline_recording_rules(a.expr), live.t_end)
+        # The signal is the query before the threshold comparison (Alert.expr is
+        # compare(query, op, threshold)); some are only defined while a job runs
+        # (they are `and`-gated on job_running == 1), so look over the whole test.
+        assert a.expr == q.compare(a.query, a.op, a.threshold)
+        for form, expr in (("rules", a.query), ("grafana", alerts.inline_recording_rules(a.query))):
+            if not prom.query_range(expr, live.t0, live.t_end):
+                problems.append(f"{a.name} ({form} form): signal has no data: {expr}")
+    assert not problems, "\n".join(problems)
+
+    # The faults we injected show up as alerts on their way to firing.
+    active = prom.query("ALERTS", live.t_end)
+    seen = {(s["metric"]["alertname"], s["metric"].get("run")) for s in active}
+    assert ("RaygenJobDriverGone", live.runs["crash"]) in seen, seen
+    assert ("RaygenFailureRateHigh", live.runs["faults"]) in seen, seen
+
+
+# --- 3. counters vs the Parquet output ----------------------------------------------------
+
+def test_counters_match_the_parquet_output(live):
+    prom, at = live.prom, live.t_end
+    data, rejects = live.counted["data"], live.counted["rejects"]
+    assert len(data) == 150 and len(rejects) == len(BAD_LINES) and live.counted["failures"].empty
+    assert (data.attempts == 1).all(), "the counted run must not have retried anything"
+    truncated = int((data.finish_reason == "length").sum())
+    assert 0 < truncated < len(data), "the counted run should truncate some rows, not all"
+    unmet = [name for name, ok in live.waited.items() if not ok]
+    assert not unmet, f"final values never reached Prometheus within {FINAL_WAIT_S}s: {unmet}"
+
+    def total(metric: mc.Metric, role: str = "counted", *matchers: str) -> float:
+        """Increase over the test: the run label is new, so the counter was 0 before it.
+
+        Not PromQL's increase(): Ray creates a series at its first report, with
+        everything counted so far, and increase()/rate() only see growth *between*
+        samples, so for a series born mid-window they miss the first report.
+        """
+        s = live.sel(metric.prom_name, role, *matchers)
+        assert prom.value(f"sum(resets({s}[{live.window}]))", at) == 0, f"counter reset in {s}"
+        before = prom.value(f"sum({s} offset {math.ceil(at - live.t0)}s)", at)
+        assert before is None, f"{s} existed before the test"
+        return prom.value(f"sum({s})", at)
+
+    assert total(mc.OUTPUT_TOKENS) == data.completion_tokens.sum()
+    assert total(mc.PROMPT_TOKENS) == data.prompt_tokens.sum()
+    by_reason = {s["metric"]["finish_reason"]: float(s["value"][1]) for s in prom.query(
+        f"sum by (finish_reason) ({live.sel(mc.COMPLETIONS.prom_name, 'counted')})", at)}
+    assert by_reason == data.finish_reason.value_counts().astype(float).to_dict()
+    fraction = by_reason.get("length", 0.0) / sum(by_reason.values())
+    assert round(fraction, 4) == round(truncated / len(data), 4)
+    spec = data.spec_verify_ct.fillna(0) > 0
+    assert total(mc.SPEC_OUTPUT_TOKENS) == data.completion_tokens[spec].sum()
+    assert total(mc.SPEC_VERIFY_STEPS) == data.spec_verify_ct.fillna(0).sum()
+    assert total(mc.REJECTS) == len(rejects)
+    for m in (mc.ACCEPT_LENGTH, mc.REQUEST_LATENCY):  # one observation per completion
+        assert prom.value(f"sum({live.sel(m.prom_name + '_count', 'counted')})", at) == len(data)
+
+    # The driver's gauges report what is durably written.
+    def gauge(metric: mc.Metric) -> Optional[float]:
+        return prom.value(f"max({live.sel(metric.prom_name, 'counted')})", at)
+
+    assert gauge(mc.JOB_ROWS_TOTAL) == len(data) + len(BAD_LINES)
+    assert gauge(mc.JOB_ROWS_DONE) == len(data)
+    assert gauge(mc.JOB_ROWS_FAILED) == 0
+    assert gauge(mc.JOB_ROWS_REJECTED) == len(rejects)
+    assert gauge(mc.JOB_ROWS_TRUNCATED) == truncated
+    assert gauge(mc.JOB_OUTPUT_TOKENS_WRITTEN) == data.completion_tokens.sum()
+    assert gauge(mc.JOB_RUNNING) == 0
+    assert gauge(mc.JOB_ETA_SECONDS) == 0
+
+    # Job-side counters of the fault run agree with its failures/ and attempts.
+    fdata, ffail, frej = (live.faults[k] for k in ("data", "failures", "rejects"))
+    assert len(ffail) > 0 and (fdata.attempts > 1).any(), "the fault run produced no failures/retries"
+    assert total(mc.FAILURES, "faults") == len(ffail)
+    assert total(mc.RETRIES, "faults") == (fdata.attempts - 1).sum() + (ffail.attempts - 1).sum()
+    assert total(mc.REJECTS, "faults") == len(frej) == len(BAD_LINES)
+
+
+def test_every_catalog_metric_is_exported(live):
+    names = set(live.prom.api("label/__name__/values", **{"match[]": '{__name__=~"ray_raygen_.*"}'}))
+    print(f"\nray_raygen_* metric names seen live ({len(names)}): {sorted(names)}")
+    missing = sorted(set(mc.SERIES_NAMES) - names)
+    assert not missing, f"catalogued but never exported: {missing}"
+    # Anything else must be the deprecated counter-as-gauge twin of a catalogued counter.
+    unknown = sorted(n for n in names - set(mc.SERIES_NAMES)
+                     if not (n + "_total" in mc.BY_PROM_NAME and mc.BY_PROM_NAME[n + "_total"].type == mc.COUNTER))
+    assert not unknown, f"exported but not in the catalog: {unknown}"
