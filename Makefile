@@ -18,6 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
+	# SGLang 0.5.23's own argument parser (CPU torch, no GPU stack) for the contract test.
+	bash cluster/install_sglang_parser.sh $(VENV)
 	touch $@
 
 # Debian's prometheus package brings prometheus and promtool (alert rule tests).

@@ -52,6 +52,7 @@ class EngineWatch:
         self.times: list[float] = []
         self.tokens: list[float] = []
         self.thread_cpu_s = 0.0
+        self.failed_scrapes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-engines")
 
@@ -66,7 +67,7 @@ class EngineWatch:
             try:
                 self.sample()
             except Exception:  # noqa: BLE001 - a missed scrape only coarsens the series
-                pass
+                self.failed_scrapes += 1
             self.thread_cpu_s = time.thread_time() - cpu0
             if self._stop.wait(self.period_s):
                 return
@@ -78,7 +79,10 @@ class EngineWatch:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        self.sample()
+        try:
+            self.sample()
+        except Exception:  # noqa: BLE001 - an engine gone at the end is reported by the caller
+            pass
 
     def tokens_at(self, t: float) -> Optional[float]:
         """The summed counter at wall time t, linear between scrapes."""

@@ -59,6 +59,7 @@ class Context:
     proc_tree: ProcTree
     rss_period_s: float = 0.5
     keep_outputs: bool = False
+    variant: Optional[str] = None  # bench.variants key swapped into the raygen mode
 
 
 @contextmanager
@@ -75,6 +76,9 @@ def measured(ctx: Context, result: ModeResult, count_tree: bool = True) -> Itera
             sampler.stop()
         watch.stop()
         result.watch = watch
+        if watch.failed_scrapes:
+            result.notes.append(f"{watch.failed_scrapes} engine scrapes failed (an engine was "
+                                f"replaced during the mode: engine-side figures are invalid)")
         if count_tree:
             cpu = {c: after.cpu_s[c] - before.cpu_s[c] for c in COMPONENTS}
             # The benchmark's own threads run in the driver: not raygen's cost.
@@ -97,12 +101,20 @@ def run_raygen(ctx: Context) -> ModeResult:
     tree = json.loads(json.dumps(ctx.tree))
     tree["job"]["run_name"] = f"bench-{uuid.uuid4().hex[:8]}"
     cfg = parse_config(tree)
-    res = ModeResult("raygen", ctx.rows)
-    with measured(ctx, res):
-        res.started_at = time.time()
-        summary = run_job(cfg, retry_failed=False, continue_truncated=False,
-                          max_total_tokens=None, stop_exc=_Never)
-        res.ended_at = time.time()
+    res = ModeResult(f"raygen[{ctx.variant}]" if ctx.variant else "raygen", ctx.rows)
+    import jobs.pipeline
+    original = jobs.pipeline.GenerateRows
+    if ctx.variant:
+        from bench.variants import VARIANTS
+        jobs.pipeline.GenerateRows = VARIANTS[ctx.variant]
+    try:
+        with measured(ctx, res):
+            res.started_at = time.time()
+            summary = run_job(cfg, retry_failed=False, continue_truncated=False,
+                              max_total_tokens=None, stop_exc=_Never)
+            res.ended_at = time.time()
+    finally:
+        jobs.pipeline.GenerateRows = original
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     data = store.read_kind("data", ["created_at", "latency_s", "completion_tokens"])
     res.rows = data.num_rows

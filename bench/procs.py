@@ -26,7 +26,8 @@ snapshots. Components (COMPONENTS) give the finer split.
 from __future__ import annotations
 
 import os
-import threading
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -35,13 +36,14 @@ import psutil
 
 ROLES = ("driver", "ray_workers", "serve", "ray_system")
 EXCLUDE_MARKERS = ("serve_apps.engine_guard", "serve_apps.engines.simulator", "moto.server",
-                   "bench.plain_client")
+                   "bench.plain_client", "bench.sampler")
 SYSTEM_MARKERS = ("gcs_server", "raylet", "dashboard", "DashboardAgent", "RuntimeEnvAgent",
                   "log_monitor", "monitor.py", "resource_tracker", "forkserver")
 
 
 COMPONENTS = {  # component -> role
     "driver": "driver",
+    "generate_actors": "ray_workers", "ledger": "ray_workers",
     "ray_data_workers": "ray_workers", "exited_workers": "ray_workers",
     "serve_controller": "serve", "serve_replicas": "serve",
     "raylet": "ray_system", "gcs_server": "ray_system", "dashboard": "ray_system",
@@ -80,6 +82,10 @@ def classify(proc: psutil.Process, root_pid: int) -> Optional[str]:
                               ("log_monitor", "log_monitor"), ("monitor.py", "autoscaler_monitor")):
         if marker in cmd:
             return component
+    if cmd.startswith("ray::MapWorker("):  # GenerateRows / ray.data.llm stage actors
+        return "generate_actors"
+    if cmd.startswith("ray::KeyLedger"):
+        return "ledger"
     if cmd.startswith("ray::") or "default_worker.py" in cmd:
         return "ray_data_workers"
     return "other_ray"  # anything else Ray started (kept, never silently dropped)
@@ -128,7 +134,7 @@ class ProcTree:
                 # A worker shows its launch command line until it sets its title
                 # (ray::IDLE, ray::MapWorker(...), ray::ServeReplica...): classify
                 # it again next time instead of caching a guess.
-                if role != "ray_data_workers":
+                if role not in ("ray_data_workers", "generate_actors"):
                     self._roles[pid] = role
             if role is None:
                 excluded.add(pid)
@@ -164,37 +170,42 @@ def _same(a: psutil.Process, b: psutil.Process) -> bool:
 
 
 class RssSampler:
-    """Samples RSS by role every ``period_s``; keeps the peak of each sum."""
+    """Runs bench.sampler (RSS by role every ``period_s``, peaks kept) in its own process."""
 
     def __init__(self, tree: ProcTree, period_s: float = 0.5):
         self.tree, self.period_s = tree, period_s
         self.peak: dict[str, int] = dict.fromkeys(ROLES, 0)
         self.peak_workers_total = 0  # driver + ray_workers + serve, summed per sample
         self.samples = 0
-        self.thread_cpu_s = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-rss")
-
-    def _loop(self) -> None:
-        cpu0 = time.thread_time()
-        while True:
-            snap = self.tree.snapshot()
-            for role, value in snap.rss.items():
-                self.peak[role] = max(self.peak[role], value)
-            total = snap.rss["driver"] + snap.rss["ray_workers"] + snap.rss["serve"]
-            self.peak_workers_total = max(self.peak_workers_total, total)
-            self.samples += 1
-            self.thread_cpu_s = time.thread_time() - cpu0
-            if self._stop.wait(self.period_s):
-                return
+        self.thread_cpu_s = 0.0  # nothing runs in the driver
+        self._proc: Optional[subprocess.Popen] = None
+        self._out = ""
 
     def start(self) -> "RssSampler":
-        self._thread.start()
+        import tempfile
+        fd, self._out = tempfile.mkstemp(prefix="bench-rss-", suffix=".json")
+        os.close(fd)
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [repo, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.sampler", "--root", str(self.tree.root_pid),
+             "--period", str(self.period_s), "--out", self._out], env=env, cwd=repo)
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+        import json
+        try:
+            with open(self._out) as f:
+                data = json.load(f)
+            self.peak.update(data["peak"])
+            self.peak_workers_total, self.samples = data["peak_total"], data["samples"]
+        finally:
+            os.unlink(self._out)
 
 
 def rss_of(pid: int) -> int:

@@ -63,7 +63,7 @@ def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]
     if done.size:
         t10, t90, t99 = (float(np.quantile(done, q)) for q in (0.10, 0.90, 0.99))
         window = (t10 - res.started_at, t90 - res.started_at)
-        steady = res.watch.rate(t10, t90) if res.watch else None
+        steady = res.watch.rate(t10, t90) if res.watch and not res.watch.failed_scrapes else None
         if steady is not None and capacity_tok_s > 0:
             saturation = steady / capacity_tok_s
         tail, last = res.ended_at - t99, float(done[-1]) - t99

@@ -46,7 +46,9 @@ class Options:
     seed: int = 0
     keep_outputs: bool = False
     rss_period_s: float = 0.5
-    job: dict[str, Any] = field(default_factory=dict)  # extra raygen job settings
+    overrides: list[str] = field(default_factory=list)  # raygen config --set dotted=value
+    env: dict[str, str] = field(default_factory=dict)  # env vars for a cluster we start
+    variant: Optional[str] = None  # bench.variants: a proposed generate stage, raygen mode
 
     @property
     def scale(self) -> float:
@@ -71,8 +73,8 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
            "min_actors": opt.actors, "max_actors": opt.actors,
            "inflight_rows_per_actor": max(1, inflight // opt.actors),
            "batch_size": 64, "max_batches_per_actor": 8, "rows_per_file": 256,
-           "progress_interval_s": 5, **opt.job}
-    return {
+           "progress_interval_s": 5}
+    tree = {
         "engine": {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
                    "max_running_requests": opt.max_running, "start_timeout_s": 120,
                    "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
@@ -84,6 +86,8 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
         "job": job,
         "storage": storage,
     }
+    from jobs.config import apply_overrides
+    return apply_overrides(tree, list(opt.overrides))
 
 
 def engine_urls(handle, replicas: int, attempts: int = 50) -> list[str]:
@@ -97,6 +101,18 @@ def engine_urls(handle, replicas: int, attempts: int = 50) -> list[str]:
     if len(urls) != replicas:
         raise RuntimeError(f"found {len(urls)} engine URLs for {replicas} replicas: {urls}")
     return sorted(urls)
+
+
+def wait_running(app_name: str, timeout_s: float = 120.0) -> None:
+    from ray import serve
+    deadline = time.time() + timeout_s
+    while True:
+        status = serve.status().applications.get(app_name)
+        if status is not None and status.status == "RUNNING":
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"Serve app {app_name} not RUNNING after {timeout_s:.0f}s: {status}")
+        time.sleep(0.5)
 
 
 def machine() -> str:
@@ -131,8 +147,11 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
     cfg = parse_config(tree)
 
     own_ray = not ray.is_initialized()
+    if opt.env and not own_ray:
+        raise ValueError("--env needs a cluster this run starts (Ray is already initialised)")
     if own_ray:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.update(opt.env)  # inherited by raylet and every worker
         # As tests/integration/conftest.py: more logical CPUs than cores (every raygen
         # stage reserves a fraction of a CPU and is I/O-bound).
         ray.init(address="local", num_cpus=8, include_dashboard=True,
@@ -140,12 +159,13 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
     machine_line = machine()
     try:
         handle = deploy_or_attach(cfg.engine, cfg.serve)
+        wait_running(opt.app_name)  # else run_job's deploy_or_attach would redeploy
         urls = engine_urls(handle, opt.replicas)
         capacity = capacity_tok_s(urls)
         ctx = Context(cfg=cfg, tree=tree, prompts=prompts, rows=opt.prompts, work_dir=work,
                       engine_urls=urls, inflight=inflight, actors=opt.actors,
                       proc_tree=ProcTree(), rss_period_s=opt.rss_period_s,
-                      keep_outputs=opt.keep_outputs)
+                      keep_outputs=opt.keep_outputs, variant=opt.variant)
         results = []
         for mode in opt.modes:
             logger.warning("bench: mode %s, %d prompts ...", mode, opt.prompts)
@@ -176,7 +196,10 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         f"max_new_tokens {opt.max_new_tokens}, {inflight} rows in flight in every mode; "
         f"raygen: {opt.actors} generate actors x {max(1, inflight // opt.actors)} in flight, "
         f"batch 64, 8 batches/actor, 256 rows/file, output "
-        f"{'S3' if (opt.output or '').startswith('s3://') else 'local Parquet'}.",
+        f"{'S3' if (opt.output or '').startswith('s3://') else 'local Parquet'}"
+        f"{'; overrides ' + ', '.join(opt.overrides) if opt.overrides else ''}"
+        f"{'; env ' + ', '.join(f'{k}={v}' for k, v in opt.env.items()) if opt.env else ''}"
+        f"{'; generate-stage variant ' + opt.variant if opt.variant else ''}.",
         "",
         f"Machine: {machine_line}.",
     ]
@@ -202,16 +225,19 @@ def parse_args(argv: Optional[list[str]]) -> Options:
     p.add_argument("--max-new-tokens", type=int, default=4096)
     p.add_argument("--keep-outputs", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra raygen job setting, e.g. --set batch_size=32")
+                   help="raygen config override, e.g. --set serve.max_ongoing_requests=128")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of the Ray cluster this run starts")
+    p.add_argument("--variant", choices=("chunked", "fastrep"),
+                   help="experiment: run raygen with a proposed generate stage (bench/variants.py)")
     a = p.parse_args(argv)
-    import yaml
-    job = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in a.set)}
     return Options(prompts=a.prompts, replicas=a.replicas, time_scale=a.time_scale,
                    zero_latency=a.zero_latency,
                    modes=tuple(m.strip() for m in a.modes.split(",") if m.strip()),
                    out=a.out, output=a.output, work_dir=a.work_dir, inflight=a.inflight,
                    actors=a.actors, max_new_tokens=a.max_new_tokens,
-                   keep_outputs=a.keep_outputs, job=job)
+                   keep_outputs=a.keep_outputs, overrides=a.set,
+                   env=dict(e.partition("=")[::2] for e in a.env), variant=a.variant)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -17,10 +17,11 @@
 #   (SGLang pins 2.14.1 for its kernels, which never load here).
 # - triton is NOT installed (~1 GB unpacked): one module-level `import triton` plus a
 #   setattr in sglang/srt/utils/common.py is all the parser path touches; the test puts
-#   an empty module in its place for that one import (tests/unit/production/sglang_parser.py).
+#   an empty module in its place for that one import (tests/unit/production/conftest.py).
 # - the rest are small pure or self-contained wheels imported on that path, installed
 #   --no-deps (IPython only for `IPython.display` in sglang/utils.py).
-# A fresh install takes ~2.5 min and ~800 MB (torch is ~750 MB of it); see cluster/README.md.
+# Measured here: 45-50 s and ~1 GB added to the venv (torch ~750 MB, sglang ~220 MB);
+# up to ~2 min when pip must download torch's small deps on a cold cache.
 set -euo pipefail
 
 VENV="${1:-.venv}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,14 +68,31 @@ def create_bucket(bucket: str, port: int = S3_PORT) -> None:
         s3.create_bucket(Bucket=bucket)
 
 
+PROM_SCRIPT = Path(__file__).resolve().parent / "local_prometheus.sh"
+PROM_URL = "http://127.0.0.1:9090"
+
+
+def start_prometheus() -> bool:
+    """Local Prometheus scraping this Ray cluster, if Debian's package is installed."""
+    if shutil.which("prometheus") is None:
+        print("prometheus not installed: `make prometheus` (Debian package), then "
+              "`cluster/local_prometheus.sh start` to see metrics on the Ray dashboard")
+        return False
+    return subprocess.run(["bash", str(PROM_SCRIPT), "start"]).returncode == 0
+
+
 def start_ray() -> None:
     if subprocess.run([RAY_BIN, "status"], capture_output=True).returncode == 0:
         return
+    # The dashboard's Metrics tab reads from this Prometheus (started next).
+    os.environ.setdefault("RAY_PROMETHEUS_HOST", PROM_URL)
     subprocess.run([RAY_BIN, "start", "--head", "--dashboard-host", "127.0.0.1",
                     "--include-dashboard", "true", "--disable-usage-stats"], check=True)
 
 
 def stop_all() -> None:
+    if PROM_SCRIPT.exists():
+        subprocess.run(["bash", str(PROM_SCRIPT), "stop"], capture_output=True)
     subprocess.run([RAY_BIN, "stop", "--force"], capture_output=True)
     pid_file = STATE / "moto.pid"
     if pid_file.exists():
@@ -95,6 +113,8 @@ def main(argv: list[str]) -> int:
         start_s3()
         create_bucket(DEMO_BUCKET)
         start_ray()
+        if start_prometheus():
+            print(f"Prometheus: {PROM_URL} (raygen alert rules loaded)")
         print(f"local S3: http://{S3_HOST}:{S3_PORT} (bucket {DEMO_BUCKET}); "
               f"Ray dashboard: http://127.0.0.1:8265")
     elif args.action == "down":

@@ -66,3 +66,19 @@ def deploy_or_attach(engine: EngineConfig, cfg: ServeConfig) -> DeploymentHandle
     logger.info("deploying Serve app %r (%s engine, %s)", cfg.app_name, engine.kind,
                 engine.model_name)
     return serve.run(build_app(engine, cfg), name=cfg.app_name, route_prefix=None)
+
+
+def build_app_from_env(args: dict[str, Any]) -> serve.Application:
+    """Serve application builder for RayService / `serve run`: a raygen run config.
+
+    ``args["config"]`` (or env ``RAYGEN_CONFIG``) names the YAML; its engine and serve
+    sections define the app, exactly as `python -m jobs.generate` would deploy it.
+    """
+    import os
+
+    from jobs.config import load_config
+    path = args.get("config") or os.environ.get("RAYGEN_CONFIG")
+    if not path:
+        raise ValueError("build_app_from_env needs args.config or env RAYGEN_CONFIG")
+    cfg = load_config(path)
+    return build_app(cfg.engine, cfg.serve)

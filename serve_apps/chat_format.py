@@ -12,7 +12,7 @@ template, loaded lazily on GPU nodes); the split stays here.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 THINK_START, THINK_END = "<think>", "</think>"
@@ -78,3 +78,16 @@ def split_reasoning(text: str, think_end: str = THINK_END) -> tuple[str, str, bo
     if not sep:
         return text.strip(), "", False
     return head.strip(), tail.strip(), True
+
+
+def model_template_renderer(model_path: str) -> Callable[..., str]:
+    """The tokenizer's own chat template (thinking on); transformers imported lazily."""
+    from transformers import AutoTokenizer  # only on GPU nodes, where SGLang brings it
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None,
+               thinking: bool = True) -> str:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=True,
+                                             enable_thinking=thinking)
+    return render

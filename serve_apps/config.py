@@ -26,6 +26,15 @@ class SpeculativeConfig(StrictModel):
     num_steps: int = Field(3, ge=1, description="--speculative-num-steps: draft steps per verify.")
     eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk.")
     num_draft_tokens: int = Field(4, ge=1, description="--speculative-num-draft-tokens.")
+    draft_model_path: Optional[str] = Field(
+        None, description="--speculative-draft-model-path; required by EAGLE/EAGLE3, unused "
+        "by NEXTN (the model's own MTP head).")
+
+    @model_validator(mode="after")
+    def _draft_model(self) -> "SpeculativeConfig":
+        if self.algorithm != "NEXTN" and not self.draft_model_path:
+            raise ValueError(f"algorithm {self.algorithm} needs draft_model_path")
+        return self
 
 
 # Pass-through flags: {"--flag-name" or "flag-name": value}; True -> bare flag, None/False -> omitted.
@@ -60,6 +69,10 @@ class EngineConfig(StrictModel):
         default_factory=dict, description="Any other SGLang flag, passed through verbatim.")
     simulator: SimulatorSettings = Field(
         default_factory=SimulatorSettings, description="Simulated engine knobs (kind=simulator).")
+    chat_template: Literal["builtin", "model"] = Field(
+        "builtin", description="builtin: raygen's ChatML renderer with thinking on (Qwen3 "
+        "family; what the simulator uses). model: the model tokenizer's own template via "
+        "transformers on the replica (GPU nodes have it with SGLang).")
     think_end_token: str = Field(
         "</think>", description="Text that ends the reasoning part of a thinking model's output.")
     start_timeout_s: float = Field(
@@ -68,6 +81,18 @@ class EngineConfig(StrictModel):
     request_timeout_s: float = Field(
         3600.0, gt=0, description="HTTP timeout of one /generate call (an 8K-token thinking "
         "completion under load can take many minutes).")
+
+    @model_validator(mode="after")
+    def _mamba_slots(self) -> "EngineConfig":
+        # SGLang 0.5.23 caps running requests at max_mamba_cache_size // 5 for hybrid
+        # models, silently: the story's 80 slots gave 16 running requests.
+        cache = self.max_mamba_cache_size
+        if cache is not None and cache // 5 < self.max_running_requests:
+            raise ValueError(
+                f"max_mamba_cache_size ({cache}) caps running requests at {cache // 5} < "
+                f"max_running_requests ({self.max_running_requests}); raise it to "
+                f"{5 * self.max_running_requests} or lower max_running_requests")
+        return self
 
     @property
     def model_name(self) -> str:

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 
 from ray import serve
 
+from serve_apps.chat_format import model_template_renderer, render_prompt
 from serve_apps.config import EngineConfig
 from serve_apps.engine_client import EngineClient
 from serve_apps.engine_process import EngineProcess, free_port
@@ -47,9 +48,11 @@ class EngineReplica:
         self.engine.start()
         self.engine.wait_ready(self.cfg.start_timeout_s)
         self.client = EngineClient(self.engine.base_url, self.cfg.request_timeout_s)
+        render = (model_template_renderer(self.cfg.model_path)
+                  if self.cfg.chat_template == "model" else render_prompt)
         self.generator = Generator(self.client, self.cfg.context_length,
                                    self.cfg.think_end_token, self.replica_id,
-                                   engine_alive=self.engine.is_alive)
+                                   engine_alive=self.engine.is_alive, render=render)
         self.metrics = ReplicaMetrics(self.cfg.model_name)
         self._inflight = 0
         self._relay_task: asyncio.Task | None = None

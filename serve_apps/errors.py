@@ -30,6 +30,13 @@ class EngineServerError(EngineError):
     error_class = "engine_5xx"
 
 
+class EngineAborted(EngineError):
+    """HTTP 200 but no completion: the engine aborted the request or hit NaN logits."""
+
+    retryable = True
+    error_class = "engine_abort"
+
+
 class EngineBadRequest(EngineError):
     """The engine answered 4xx: the same request will fail again."""
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from serve_apps.chat_format import render_prompt, split_reasoning
 from serve_apps.engine_client import EngineClient, EngineOutput
-from serve_apps.errors import ContextOverflow, EngineDead, EngineError
+from serve_apps.errors import ContextOverflow, EngineAborted, EngineDead, EngineError
 from serve_apps.protocol import error_result
 
 # Leave room for at least this many new tokens or reject: a 1-token "completion" is
@@ -69,6 +69,7 @@ class Generator:
             effective = self.fit_budget(len(ids), budget, request.get("context_policy", "reject"))
             sampling = dict(request.get("sampling") or {}, max_new_tokens=effective)
             out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}")
+            check_finish(out)
             prompt_len = request.get("prompt_len")
             if prompt_len is None:
                 prompt_ids, output_ids, text = ids, out.output_ids, out.text
@@ -107,6 +108,18 @@ class Generator:
             "budget_clamped_by": clamped_by,
             "error_class": None, "error_message": None, "retryable": None,
         }
+
+
+# SGLang ends a request with stop/matched="NaN happened" when the logits went NaN.
+NAN_STOP = "NaN happened"
+
+
+def check_finish(out: EngineOutput) -> None:
+    """A 200 that is not a completion: aborted or NaN. Retryable, never a data row."""
+    if out.finish_reason == "abort":
+        raise EngineAborted(f"engine aborted the request after {out.completion_tokens} tokens")
+    if out.finish_reason == "stop" and out.matched_stop == NAN_STOP:
+        raise EngineAborted("engine produced NaN logits (finish matched 'NaN happened')")
 
 
 def _reasoning_tokens(out: EngineOutput, finished_thinking: bool) -> Optional[int]:

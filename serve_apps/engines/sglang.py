@@ -2,7 +2,7 @@
 
 Kept thin on purpose: this module only turns config into argv. Everything after the
 HTTP call is shared with the simulator (serve_apps/engine_client.py) and therefore
-tested on CPU. tests/unit/test_sglang_contract.py parses every command this can
+tested on CPU. tests/unit/production/test_sglang_contract.py parses every command this can
 build with SGLang 0.5.23's own argument parser, so a renamed flag fails CI.
 """
 
@@ -48,6 +48,8 @@ def build_command(cfg: "EngineConfig", host: str, port: int, nccl_port: int,
                  "--speculative-num-steps", str(spec.num_steps),
                  "--speculative-eagle-topk", str(spec.eagle_topk),
                  "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+        if spec.draft_model_path:
+            args += ["--speculative-draft-model-path", spec.draft_model_path]
     if cfg.enable_metrics:
         args.append("--enable-metrics")
     for name, value in cfg.extra_args.items():

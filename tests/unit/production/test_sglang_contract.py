@@ -39,7 +39,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "sglang"
 QWEN = REPO / "jobs" / "configs" / "qwen36-27b-b200.yaml"
 DEMO = REPO / "jobs" / "configs" / "demo.yaml"
 HOST, PORT, NCCL_PORT = "127.0.0.1", 31000, 31001
-DRAFT = "YOUR_ORG/eagle3-draft"  # EAGLE/EAGLE3 need a draft model; raygen passes it via extra_args
+DRAFT = "YOUR_ORG/eagle3-draft"  # EAGLE/EAGLE3 need a draft model (speculative.draft_model_path)
 
 
 # --- launch commands --------------------------------------------------------------------
@@ -73,11 +73,9 @@ def _variant(fields: tuple[str, ...], reasoning: Optional[str], metrics: bool,
              algorithm: Optional[str]) -> EngineConfig:
     values: dict[str, Any] = {name: OPTIONAL_FIELDS[name] for name in fields}
     if algorithm is not None:
-        values["speculative"] = SpeculativeConfig(algorithm=algorithm)
-        if algorithm != "NEXTN":  # NEXTN uses the model's own MTP head
-            extra = dict(values.get("extra_args") or {})
-            extra["speculative-draft-model-path"] = DRAFT
-            values["extra_args"] = extra
+        # NEXTN uses the model's own MTP head; EAGLE/EAGLE3 need a draft model.
+        draft = None if algorithm == "NEXTN" else DRAFT
+        values["speculative"] = SpeculativeConfig(algorithm=algorithm, draft_model_path=draft)
     return EngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", context_length=20480,
                         max_running_requests=40, reasoning_parser=reasoning,
                         enable_metrics=metrics, **values)
@@ -109,7 +107,8 @@ def _expected_values(cfg: EngineConfig) -> dict[str, Any]:
         "enable_metrics": cfg.enable_metrics,
         "speculative_algorithm": spec.algorithm if spec else None,
         **({"speculative_num_steps": spec.num_steps, "speculative_eagle_topk": spec.eagle_topk,
-            "speculative_num_draft_tokens": spec.num_draft_tokens} if spec else {}),
+            "speculative_num_draft_tokens": spec.num_draft_tokens,
+            "speculative_draft_model_path": spec.draft_model_path} if spec else {}),
     }
 
 
@@ -293,8 +292,8 @@ def test_routes_raygen_calls_exist(http_server):
         assert path in routes, f"SGLang 0.5.23 has no {path} route"
     assert routes["/health"] == routes["/health_generate"]  # same handler, see below
     # /metrics is a Mount added only with --enable-metrics.
-    assert re.search(r"if get_observability\(\)\.enable_metrics:\s+add_prometheus_middleware\(app\)",
-                     http_server[1])
+    metrics = r"if get_observability\(\)\.enable_metrics:\s+add_prometheus_middleware\(app\)"
+    assert re.search(metrics, http_server[1])
 
 
 def test_health_is_a_generation_and_503_while_starting(sglang, http_server, monkeypatch):
