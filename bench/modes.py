@@ -37,6 +37,7 @@ class ModeResult:
     started_at: float = 0.0
     ended_at: float = 0.0
     done_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    durable_at: np.ndarray = field(default_factory=lambda: np.zeros(0))  # file written, per row
     latency_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     cpu_s: dict[str, float] = field(default_factory=dict)   # by component (procs.COMPONENTS)
     peak_rss: dict[str, int] = field(default_factory=dict)  # by role
@@ -97,6 +98,7 @@ def run_raygen(ctx: Context) -> ModeResult:
     from jobs.config import parse_config
     from jobs.run import run_job
     from jobs.run_store import RunStore
+    from jobs.storage import list_files
 
     tree = json.loads(json.dumps(ctx.tree))
     tree["job"]["run_name"] = f"bench-{uuid.uuid4().hex[:8]}"
@@ -123,6 +125,7 @@ def run_raygen(ctx: Context) -> ModeResult:
     created = data.column("created_at").cast("int64").to_numpy()  # ms since epoch, UTC
     res.done_at = created.astype(np.float64) / 1000.0
     res.latency_s = np.asarray(data.column("latency_s"), dtype=np.float64)
+    res.durable_at = durable_times(store.root.fs, list_files(store.loc("data"), ".parquet"))
     if summary.status != "succeeded":
         res.notes.append(f"run status {summary.status}")
     if not ctx.keep_outputs:
@@ -154,6 +157,7 @@ def run_plain(ctx: Context) -> ModeResult:
     res.output_tokens = summary["output_tokens"]
     res.done_at = np.load(run_dir / "result.done_at.npy")
     res.latency_s = np.load(run_dir / "result.latency.npy")
+    res.durable_at = durable_times(*_local_files(run_dir / "data"))
     res.cpu_s = {"client": summary["total_cpu_s"]}
     res.peak_rss = {"client": summary["max_rss_bytes"]}
     res.peak_rss_total = summary["max_rss_bytes"]
@@ -190,9 +194,28 @@ def run_raydata_llm(ctx: Context) -> ModeResult:
     res.output_tokens = int(np.asarray(ok.column("completion_tokens")).sum())
     res.done_at = np.asarray(ok.column("done_at"), dtype=np.float64)
     res.latency_s = np.asarray(ok.column("latency_s"), dtype=np.float64)
+    res.durable_at = durable_times(*_local_files(run_dir / "data"))
     if not ctx.keep_outputs:
         _remove_dir(run_dir)
     return res
+
+
+def durable_times(fs, infos) -> np.ndarray:
+    """Per row, the wall time its Parquet file was written (the file's mtime)."""
+    import pyarrow.parquet as pq
+    parts = []
+    for info in infos:
+        with fs.open_input_file(info.path) as f:
+            rows = pq.ParquetFile(f).metadata.num_rows
+        parts.append(np.full(rows, info.mtime.timestamp() if info.mtime else np.nan))
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _local_files(folder: Path):
+    import pyarrow.fs as pafs
+    fs = pafs.LocalFileSystem()
+    infos = fs.get_file_info(pafs.FileSelector(str(folder), recursive=True))
+    return fs, [i for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
 
 
 RUNNERS = {"raygen": run_raygen, "plain": run_plain, "raydata_llm": run_raydata_llm}

@@ -74,6 +74,9 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
            "inflight_rows_per_actor": max(1, inflight // opt.actors),
            "batch_size": 64, "max_batches_per_actor": 8, "rows_per_file": 256,
            "progress_interval_s": 5}
+    from jobs.config import JobConfig
+    if "metrics_linger_s" in JobConfig.model_fields:
+        job["metrics_linger_s"] = 0  # no Prometheus here: do not time a deliberate idle wait
     tree = {
         "engine": {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
                    "max_running_requests": opt.max_running, "start_timeout_s": 120,
@@ -195,7 +198,8 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         f"per_request_decode_tok_s 100, time_scale {opt.scale}, NEXTN accept 3.0), "
         f"max_new_tokens {opt.max_new_tokens}, {inflight} rows in flight in every mode; "
         f"raygen: {opt.actors} generate actors x {max(1, inflight // opt.actors)} in flight, "
-        f"batch 64, 8 batches/actor, 256 rows/file, output "
+        f"batch 64, 8 batches/actor, 256 rows/file, serve.max_ongoing_requests "
+        f"{cfg.serve.max_ongoing_requests}, metrics_linger_s 0, output "
         f"{'S3' if (opt.output or '').startswith('s3://') else 'local Parquet'}"
         f"{'; overrides ' + ', '.join(opt.overrides) if opt.overrides else ''}"
         f"{'; env ' + ', '.join(f'{k}={v}' for k, v in opt.env.items()) if opt.env else ''}"

@@ -37,8 +37,12 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class Stopped(Exception):
-    """SIGTERM (e.g. `ray job stop`): stop cleanly, keep everything written."""
+class Stopped(BaseException):
+    """SIGTERM (e.g. `ray job stop`): stop cleanly, keep everything written.
+
+    A BaseException, like KeyboardInterrupt, so no library's `except Exception` can
+    swallow or re-wrap it on its way out of the streaming executor.
+    """
 
 
 def _on_sigterm(*_):
@@ -54,7 +58,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from jobs.run import RunError, run_job  # heavy imports (ray) only after the config is ok
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, _on_sigterm)  # until Ray starts; jobs/run.py re-installs
     if args.pilot:
         from jobs.pilot import pilot_config
         cfg = pilot_config(cfg, args.pilot)

@@ -114,6 +114,19 @@ def _report(store: RunStore) -> str:
     return f"\n  report:    {store.uri}/report.md (python -m jobs.report {store.uri})"
 
 
+def _init_ray(stop_exc: type) -> None:
+    """Connect to Ray, then take SIGTERM back: `ray job stop` must end in "stopped"."""
+    import signal
+    import threading
+
+    import ray
+    ray.init(ignore_reinit_error=True)
+    if threading.current_thread() is threading.main_thread():
+        def _stop(*_):  # ray.init installs its own handler, which fails the dataset
+            raise stop_exc()
+        signal.signal(signal.SIGTERM, _stop)
+
+
 def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
             max_total_tokens: Optional[int], stop_exc: type) -> Summary:
     import ray
@@ -132,17 +145,28 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         target = continuation.check_total(cfg, max_total_tokens)
         wanted = continuation.to_continue(store, target)
         logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
-        ray.init(ignore_reinit_error=True)
+        _init_ray(stop_exc)
         deploy_or_attach(cfg.engine, cfg.serve)
         return _execute(cfg, store, total, stop_exc,
                         lambda: continuation.build(cfg, store, wanted, target), cleanup=None)
     check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name)
-    ray.init(ignore_reinit_error=True)
+    _init_ray(stop_exc)
     deploy_or_attach(cfg.engine, cfg.serve)
     ledger = KeyLedger.remote(state.done, state.failed, state.rejected, retry_failed)
     return _execute(cfg, store, total, stop_exc,
                     lambda: pipeline.build(cfg, inputs, ledger, store.uri),
                     cleanup=lambda: ray.kill(ledger))
+
+
+def _classify_failure(exc: BaseException, stop_exc: type) -> tuple[str, Optional[str]]:
+    """(status, error message): a wrapped stop signal is a stop, not a failure."""
+    from jobs.retry import CircuitOpen
+    if find_cause(exc, stop_exc) or find_cause(exc, KeyboardInterrupt):
+        return "stopped", None
+    breaker = find_cause(exc, CircuitOpen)
+    error = str(breaker) if breaker else f"{type(exc).__name__}: {exc}"
+    logger.error("run failed: %s", error)
+    return "failed", error
 
 
 def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
@@ -153,7 +177,6 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     from jobs import pipeline
     from jobs.job_metrics import JobGauges
     from jobs.progress import ProgressTracker
-    from jobs.retry import CircuitOpen
 
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s,
@@ -165,9 +188,7 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM) or Ctrl-C
         status = "stopped"
     except Exception as exc:  # noqa: BLE001 - reported below with the cause
-        breaker = find_cause(exc, CircuitOpen)
-        error = str(breaker) if breaker else f"{type(exc).__name__}: {exc}"
-        logger.error("run failed: %s", error)
+        status, error = _classify_failure(exc, stop_exc)
     finally:
         snap = progress.stop(status)
         if cleanup:

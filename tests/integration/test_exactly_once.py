@@ -178,3 +178,29 @@ def test_malformed_rows_are_rejected_and_valid_rows_complete(ray_cluster, s3_end
     assert summary.progress["rejected"] == len(bad)
     again = run(tree)  # rejects are not redone or duplicated on resume
     assert again.progress["session_rows"] == 0 and len(read(tree, "rejects")) == len(bad)
+
+
+def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp_path):
+    """`ray job stop` sends SIGTERM: status becomes "stopped", written rows stay."""
+    rows = write_prompts(tmp_path / "p.jsonl", 240)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"rows_per_file": 16, "batch_size": 8},
+                      engine={"simulator": {"time_scale": 0.01}})
+    cfg = write_yaml(tmp_path / "term.yaml", tree)
+    cmd = [sys.executable, "-m", "jobs.generate", "--config", str(cfg)]
+    log = open(tmp_path / "driver.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    store = store_of(tree)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until some rows are durable
+        progress = store.read_json("progress.json") or {}
+        if progress.get("completed", 0) > 0:
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0
+    stopped = store.read_json("progress.json")
+    assert stopped["status"] == "stopped" and 0 < stopped["completed"] < 240
+    assert stopped["completed"] == len(read(tree, "data"))
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    _assert_exactly_once(tree, 240)
