@@ -42,6 +42,13 @@ def write_yaml(path, tree: dict):
     return path
 
 
+def deploy(tree: dict) -> None:
+    """Deploy (or attach to) the config's Serve app before a test pokes its engines."""
+    from serve_apps.app import deploy_or_attach
+    cfg = parse_config(tree)
+    deploy_or_attach(cfg.engine, cfg.serve)
+
+
 def engine_urls(app_name: str, replicas: int, timeout_s: float = 60) -> list[str]:
     handle = serve.get_app_handle(app_name)
     urls: set[str] = set()

@@ -17,7 +17,7 @@ import pytest
 
 from jobs.run import RunError
 from tests.integration.conftest import run_config, write_prompts
-from tests.integration.helpers import (CLEAR_FAULTS, engine_urls, read, run, set_faults,
+from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run, set_faults,
                                        store_of, write_yaml)
 
 pytestmark = pytest.mark.integration
@@ -89,8 +89,7 @@ def test_transient_errors_are_retried(ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 80)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                       job={"retries": {"max_attempts": 8}})
-    run(dict(tree, job=dict(tree["job"], input=str(write_prompts(tmp_path / "w.jsonl", 2)),
-                            run_name=tree["job"]["run_name"] + "-warm")))
+    deploy(tree)
     urls = engine_urls(APP, 2)
     try:
         set_faults(urls, error_rate=0.3, error_status=503)
@@ -108,8 +107,7 @@ def test_permanent_errors_land_in_failures_and_retry_failed_clears_them(
         ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 60)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows))
-    run(dict(tree, job=dict(tree["job"], input=str(write_prompts(tmp_path / "w.jsonl", 2)),
-                            run_name=tree["job"]["run_name"] + "-warm")))
+    deploy(tree)
     urls = engine_urls(APP, 2)
     try:
         set_faults(urls, error_rate=0.5, error_status=400)
@@ -137,8 +135,7 @@ def test_breaker_stops_the_job_when_every_engine_fails(ray_cluster, s3_endpoint,
                       job={"breaker": {"window_rows": 20, "min_rows": 10,
                                        "max_failure_fraction": 0.5},
                            "retries": {"max_attempts": 2}})
-    run(dict(tree, job=dict(tree["job"], input=str(write_prompts(tmp_path / "w.jsonl", 2)),
-                            run_name=tree["job"]["run_name"] + "-warm")))
+    deploy(tree)
     urls = engine_urls(APP, 2)
     try:
         set_faults(urls, error_rate=1.0, error_status=500)

@@ -56,3 +56,17 @@ def test_build_app_from_env_builds_the_configured_deployment():
     deployment = app._bound_deployment
     assert deployment.name == "engine"
     assert deployment.ray_actor_options["num_gpus"] == 1
+
+
+def test_engine_silent_clamp_is_recorded():
+    from serve_apps.generation import Generator
+    gen = Generator(client=None, context_length=16384, think_end="</think>", replica_id="r",
+                    engine_alive=lambda: True)
+    out = _out(finish_reason="length", matched_stop=None, finish_length=3000,
+               completion_tokens=3000, output_ids=[5] * 3000)
+    result = gen._result("k", [1, 2, 3], out, budget=8192, effective=8192, latency_s=1.0,
+                         text="cut")
+    assert result["budget_clamped_by"] == "engine"
+    fine = gen._result("k", [1, 2, 3], _out(finish_reason="length", finish_length=8192),
+                       budget=8192, effective=8192, latency_s=1.0, text="cut")
+    assert fine["budget_clamped_by"] == ""
