@@ -31,6 +31,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="continue every length-truncated row token-exactly")
     parser.add_argument("--max-total-tokens", type=int, default=None,
                         help="with --continue-truncated: the new total output budget")
+    parser.add_argument("--check-context", action="store_true",
+                        help="only count prompts that cannot get their full budget within the "
+                        "engine's context length (writes <run>/context_check.json)")
     parser.add_argument("--pilot", type=int, default=None, metavar="N",
                         help="run ~N prompts stratified by category as <run>-pilot (use a "
                         "high --set job.max_new_tokens) and report the what-if per cap")
@@ -65,7 +68,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         summary = run_job(cfg, retry_failed=args.retry_failed,
                           continue_truncated=args.continue_truncated,
-                          max_total_tokens=args.max_total_tokens, stop_exc=Stopped)
+                          max_total_tokens=args.max_total_tokens, stop_exc=Stopped,
+                          check_context=args.check_context)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -127,8 +127,16 @@ def _init_ray(stop_exc: type) -> None:
         signal.signal(signal.SIGTERM, _stop)
 
 
+def engine_context_length(handle, cfg: RunConfig) -> int:
+    """The context length the running engine reports (config's value if it says none)."""
+    info = handle.info.remote().result()
+    reported = (info.get("server_info") or {}).get("context_length")
+    return int(reported or cfg.engine.context_length)
+
+
 def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
-            max_total_tokens: Optional[int], stop_exc: type) -> Summary:
+            max_total_tokens: Optional[int], stop_exc: type,
+            check_context: bool = False) -> Summary:
     import ray
 
     from jobs import continuation, pipeline
@@ -141,6 +149,12 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
     ctx = pipeline.stage_context(cfg)
     state = RunState.read(store)
     total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+    if check_context:
+        from jobs.context_check import check_context as run_check, describe
+        _init_ray(stop_exc)
+        handle = deploy_or_attach(cfg.engine, cfg.serve)
+        report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
+        return Summary("succeeded", report, describe(report))
     if continue_truncated:
         target = continuation.check_total(cfg, max_total_tokens)
         wanted = continuation.to_continue(store, target)

@@ -80,6 +80,10 @@ class EngineReplica:
                 "max_running_requests": self.cfg.max_running_requests,
                 "server_info": await self.client.server_info()}
 
+    async def count_prompt_tokens(self, prompts: list[dict[str, Any]]) -> list[int]:
+        """Prompt tokens of chat prompts (template applied), for the context pre-check."""
+        return [len(await self.generator.prompt_ids(p)) for p in prompts]
+
     async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
         self._ensure_relay()
         self._inflight += 1

@@ -201,3 +201,22 @@ def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp
     assert stopped["completed"] == len(read(tree, "data"))
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     _assert_exactly_once(tree, 240)
+
+
+def test_check_context_counts_prompts_short_of_their_budget(ray_cluster, s3_endpoint,
+                                                            tmp_path):
+    lines = [json.dumps({"id": f"long{i}", "messages": [
+        {"role": "user", "content": "y" * (9000 + 2000 * i)}]}) for i in range(3)]
+    rows = write_prompts(tmp_path / "p.jsonl", 20, extra_lines=lines + ['{"broken'])
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"max_new_tokens": 8192})
+    summary = run(tree, check_context=True)
+    report = summary.progress
+    assert report["prompts"] == 23 and report["context_length"] == 16384
+    # 9000+ character prompts are 9000+ tokens: 9000 + 8192 > 16384 for all three; the
+    # longest (13000) still fits alone.
+    assert report["short_of_full_budget"] == 3 and report["prompt_alone_too_long"] == 0
+    assert report["context_needed_for_all"] == report["prompt_tokens_max"] + 8192
+    assert store_of(tree).read_json("context_check.json") == report
+    assert read(tree, "data").empty  # a check generates nothing
+    assert "3 prompts cannot get their full budget" in summary.text
