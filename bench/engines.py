@@ -95,6 +95,14 @@ class EngineWatch:
         t0, t1, k0, k1 = ts[i - 1], ts[i], ks[i - 1], ks[i]
         return k0 + (k1 - k0) * (t - t0) / (t1 - t0)
 
+    def first_time_at(self, rate_tok_s: float) -> Optional[float]:
+        """First scrape time at which the rate since the previous scrape reached rate_tok_s."""
+        for (t0, k0), (t1, k1) in zip(zip(self.times, self.tokens),
+                                      zip(self.times[1:], self.tokens[1:])):
+            if t1 > t0 and (k1 - k0) / (t1 - t0) >= rate_tok_s:
+                return t1
+        return None
+
     def rate(self, t0: float, t1: float) -> Optional[float]:
         a, b = self.tokens_at(t0), self.tokens_at(t1)
         if a is None or b is None or t1 <= t0:

@@ -68,14 +68,19 @@ def classify(proc: psutil.Process, root_pid: int) -> Optional[str]:
             return None
     if any(m in cmd for m in EXCLUDE_MARKERS):
         return None
+    try:
+        name = proc.name()
+    except psutil.Error:
+        name = ""
+    if name in ("raylet", "gcs_server"):  # their command lines mention default_worker.py
+        return name
     if "default_worker.py" in cmd and not cmd.startswith("ray::"):
         return "ray_data_workers"  # not titled yet
     if "ServeController" in cmd:
         return "serve_controller"
     if "ServeReplica" in cmd:
         return "serve_replicas"
-    for marker, component in (("raylet", "raylet"), ("gcs_server", "gcs_server"),
-                              ("DashboardAgent", "dashboard_agent"),
+    for marker, component in (("DashboardAgent", "dashboard_agent"),
                               ("RuntimeEnvAgent", "runtime_env_agent"),
                               ("dashboard", "dashboard"), ("forkserver", "dashboard"),
                               ("resource_tracker", "dashboard"),

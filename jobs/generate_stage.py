@@ -20,10 +20,9 @@ from typing import Any, Optional
 
 import pyarrow as pa
 from ray import serve
-from ray.util import metrics
 
 from jobs.retry import REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker, backoff_s, replica_error_class
-from jobs.rows import REJECT_CLASSES, continued_row, data_row, failure_row, reject_reason_class, reject_row, to_table
+from jobs.rows import continued_row, data_row, failure_row, reject_row, to_table
 
 
 class GenerateRows:
@@ -33,16 +32,6 @@ class GenerateRows:
         self.retries = ctx["retries"]
         self.breaker = Breaker(**ctx["breaker"])
         self._slots: Optional[asyncio.Semaphore] = None
-        tags = ("run", "model")
-        self.m_failures = metrics.Counter("raygen_failures", "Rows failed after retries.",
-                                          tag_keys=tags + ("error_class",))
-        self.m_retries = metrics.Counter("raygen_retries", "Request retries.",
-                                         tag_keys=tags + ("error_class",))
-        self.m_rejects = metrics.Counter("raygen_rejects", "Rejected input rows.",
-                                         tag_keys=tags + ("reason",))
-
-    def _tags(self, **extra: str) -> dict[str, str]:
-        return {"run": self.ctx["run"], "model": self.ctx["model"], **extra}
 
     def _request(self, row: dict[str, Any]) -> dict[str, Any]:
         request = {"key": row["key"], "run": self.ctx["run"], "category": row["category"],
@@ -68,9 +57,8 @@ class GenerateRows:
 
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
         if row.get("reject_reason"):
-            self.m_rejects.inc(1, self._tags(reason=reject_reason_class(row["reject_reason"])))
             return reject_row(row, row["reject_reason"])
-        request, attempt = self._request(row), 0
+        request, attempt, retried = self._request(row), 0, []
         while True:
             attempt += 1
             try:
@@ -83,20 +71,18 @@ class GenerateRows:
             if error_class is None:
                 self.breaker.record(False)
                 if self.ctx.get("continue_to"):
-                    return continued_row(row, result, self.ctx, attempt)
-                return data_row(row, result, self.ctx, attempt)
+                    out = continued_row(row, result, self.ctx, attempt)
+                else:
+                    out = data_row(row, result, self.ctx, attempt)
+                return dict(out, _retry_classes=retried)
             if retryable and attempt < self.retries["max_attempts"]:
-                self.m_retries.inc(1, self._tags(error_class=error_class))
+                retried.append(error_class)
                 await asyncio.sleep(backoff_s(attempt, self.retries["backoff_initial_s"],
                                               self.retries["backoff_max_s"]))
                 continue
-            if error_class in REJECT_CLASSES:
-                self.m_rejects.inc(1, self._tags(reason=error_class))
-            else:
-                self.m_failures.inc(1, self._tags(error_class=error_class))
             self.breaker.record(error_class not in ROW_ERROR_CLASSES)
-            return failure_row(row, error_class, message, retryable, attempt, self.ctx,
-                               replica)
+            out = failure_row(row, error_class, message, retryable, attempt, self.ctx, replica)
+            return dict(out, _retry_classes=retried)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         outs = await asyncio.gather(*(self._one(r) for r in batch.to_pylist()))

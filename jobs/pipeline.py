@@ -66,5 +66,6 @@ def generate(ds: ray.data.Dataset, cfg: RunConfig, ctx: dict[str, Any]) -> ray.d
 
 
 def write(ds: ray.data.Dataset, cfg: RunConfig, run_uri: str) -> None:
-    ds.write_datasink(RunSink(run_uri, cfg.storage, cfg.job.rows_per_file),
+    ds.write_datasink(RunSink(run_uri, cfg.storage, cfg.job.rows_per_file,
+                              cfg.job.run_name, cfg.engine.model_name),
                       ray_remote_args={"num_cpus": LIGHT_CPU}, concurrency=LIGHT_TASKS)

@@ -84,6 +84,7 @@ class ProgressTracker:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="progress")
         self.status = "running"
         self.baseline = (0, 0)
+        self.last: Optional[dict[str, Any]] = None
 
     def start(self) -> "ProgressTracker":
         self.update()
@@ -98,6 +99,8 @@ class ProgressTracker:
                 self.update()
             except Exception as exc:  # a storage hiccup must not kill the run
                 logger.warning("progress update failed: %s", exc)
+                if self.gauges is not None and self.last is not None:
+                    self.gauges.set(self.last)  # gauges vanish ~20 s after the last set()
 
     def stop(self, status: str) -> dict[str, Any]:
         self._stop.set()
@@ -137,6 +140,7 @@ class ProgressTracker:
             "session_rows": c.done - self.baseline[0],
             "session_output_tokens": c.output_tokens - self.baseline[1],
         }
+        self.last = snapshot
         write_json_atomic(self.store.loc("progress.json"), snapshot)
         if self.gauges is not None:
             self.gauges.set(snapshot)

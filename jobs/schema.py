@@ -66,5 +66,7 @@ KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 # What flows from the generate stage to the sink: every column of every kind plus the
 # row's destination.
 STAGE_OUTPUT = pa.schema(
-    [("_kind", pa.string())]
+    # _retry_classes: error class of each retried attempt (for the retries counter,
+    # counted by the sink); internal, never written (write_part selects the kind's columns).
+    [("_kind", pa.string()), ("_retry_classes", pa.list_(pa.string()))]
     + list({f.name: f for schema in KINDS.values() for f in schema}.values()))

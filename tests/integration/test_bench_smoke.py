@@ -22,6 +22,7 @@ def test_bench_produces_complete_sane_figures(ray_cluster, s3_endpoint, tmp_path
                   work_dir=str(tmp_path), output=f"s3://{BUCKET}/bench-smoke",
                   app_name="raygen-bench-smoke", out=str(tmp_path / "bench.md"))
     result = run_bench(opt, ["--prompts", str(PROMPTS), "--replicas", "2"])
+    print(result.markdown)
 
     assert [f.mode for f in result.figures] == ["raygen", "plain", "raydata_llm"]
     assert len(result.engine_urls) == 2 and result.capacity_tok_s > 0
@@ -30,7 +31,8 @@ def test_bench_produces_complete_sane_figures(ray_cluster, s3_endpoint, tmp_path
         assert f.tok_s > 0 and f.wall_s > 0
         assert f.saturation is not None and 0 < f.saturation <= 1.05, f
         assert f.steady_tok_s is not None and f.steady_tok_s > 0
-        assert f.longest_s > 0 and f.tail_s >= 0 and f.tail_ratio is not None
+        # Tail: S3 (moto) file times have 1 s resolution, so only roughly >= 0 here.
+        assert f.longest_s > 0 and f.tail_s > -1.5 and f.tail_ratio is not None
         assert f.cpu_ms_row > 0 and all(math.isfinite(v) for v in f.cpu_by_role.values())
         assert f.peak_rss_mib > 0
         assert len(f.row()) == len(COLUMNS) and "n/a" not in f.row()[3:]

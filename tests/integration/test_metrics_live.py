@@ -22,8 +22,8 @@ Then:
    recording rule return data, in the Prometheus form and Grafana's inlined form;
 3. output/prompt tokens, completions by finish_reason (so the truncated fraction),
    speculative counters, histogram counts and the job gauges match the Parquet output
-   exactly; the job-side counters (failures, retries, rejects) never exceed it, and
-   their exact match is an xfail until raygen stops losing an actor's last report;
+   exactly, and so do the job-side counters (failures, retries, rejects), which the
+   sink counts once the rows are durable;
 4. every catalogued metric is exported and nothing uncatalogued is.
 
 The engines run SLOW_FACTOR x slower (no errors) so each run spans several of Ray's
@@ -223,13 +223,13 @@ import sys, time, ray
 from jobs.config import load_config
 from jobs.job_metrics import JobGauges
 from jobs.progress import ProgressTracker
-from jobs.run import input_locations
 from jobs.run_store import RunStore
 from jobs.sources import count_rows
+from jobs.storage import locate
 cfg = load_config(sys.argv[1], [])
 ray.init()
 store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
-total = sum(count_rows(loc) for loc in input_locations(cfg))
+total = sum(count_rows(locate(uri, cfg.storage)) for uri in cfg.job.input)
 ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name, cfg.job.progress_interval_s,
                 JobGauges(cfg.job.run_name, cfg.engine.model_name)).start()
 time.sleep(600)
@@ -489,8 +489,8 @@ def test_counters_match_the_parquet_output(live):
     assert gauge(mc.JOB_RUNNING) == 0
     assert gauge(mc.JOB_ETA_SECONDS) == 0
 
-    # Job side (emitted by the generate actors): never more than the output says, and
-    # the fault run's counters exist. Exact equality: see the xfail test below.
+    # Job side (counted by the sink once rows are durable): never more than the output
+    # says, and the fault run's counters exist. Exact equality: the test below.
     fdata, ffail = live.faults["data"], live.faults["failures"]
     assert len(ffail) > 0 and (fdata.attempts > 1).any(), "the fault run produced no failures/retries"
     for (name, role), want in _job_side_expected(live).items():
@@ -500,15 +500,6 @@ def test_counters_match_the_parquet_output(live):
             assert got > 0, f"{name} of run {role}: nothing exported ({want} in the output)"
 
 
-JOB_SIDE_LOSS = (
-    "raygen bug: failures/retries/rejects are counted in the GenerateRows actor, which holds "
-    "a Serve handle whose shared long-poll never lets it exit gracefully; the raylet SIGKILLs "
-    "it 5 s after Ray Data releases it, so increments from its last Ray report interval (10 s) "
-    "are never exported (all of them when the actor works < 10 s). Fix: count them in "
-    "RunSink.write, after the part is written, from the rows (error_class, reason, attempts).")
-
-
-@pytest.mark.xfail(reason=JOB_SIDE_LOSS, strict=False)
 def test_job_side_counters_match_the_output(live):
     got = {key: _total(live, mc.BY_NAME[key[0]], key[1]) for key in _job_side_expected(live)}
     assert got == {k: float(v) for k, v in _job_side_expected(live).items()}
