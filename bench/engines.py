@@ -22,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 GEN = "sglang:generation_tokens"  # the parser strips _total from counter families
 CAPACITY = "sglang:sim_capacity_tok_s"
 REQUESTS = "sglang:num_requests"
+RUNNING = "sglang:num_running_reqs"
+QUEUED = "sglang:num_queue_reqs"
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
@@ -51,15 +53,30 @@ class EngineWatch:
         self.urls, self.period_s = urls, period_s
         self.times: list[float] = []
         self.tokens: list[float] = []
+        self.running: list[list[float]] = []  # per scrape, per engine
+        self.queued: list[list[float]] = []
         self.thread_cpu_s = 0.0
         self.failed_scrapes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-engines")
 
     def sample(self) -> None:
-        total = sum(generation_tokens(u) for u in self.urls)
+        scraped = [scrape(u) for u in self.urls]
         self.times.append(time.time())
-        self.tokens.append(total)
+        self.tokens.append(sum(m[GEN + "_total"] for m in scraped))
+        self.running.append([m.get(RUNNING, 0.0) for m in scraped])
+        self.queued.append([m.get(QUEUED, 0.0) for m in scraped])
+
+    def batch_stats(self, t0: float, t1: float, full_batch: float) -> Optional[dict]:
+        """Running/queued requests per engine over [t0, t1], from the scrapes in it."""
+        rows = [(r, q) for t, r, q in zip(self.times, self.running, self.queued) if t0 <= t <= t1]
+        if not rows:
+            return None
+        running = [x for r, _ in rows for x in r]
+        queued = [x for _, q in rows for x in q]
+        return {"mean_running": sum(running) / len(running), "min_running": min(running),
+                "mean_queued": sum(queued) / len(queued),
+                "below_full_batch": sum(x < full_batch for x in running) / len(running)}
 
     def _loop(self) -> None:
         cpu0 = time.thread_time()

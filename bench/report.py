@@ -33,6 +33,7 @@ class Figures:
     last_row_s: float       # last result available - 99% of results available
     return_s: float         # the mode returned (job finished) - last row written
     ramp_s: Optional[float]  # start -> engines first at >= 90% of capacity
+    batch: Optional[dict]    # engines' running/queued requests in the steady window
     longest_s: float
     tail_ratio: Optional[float]
     cpu_ms_row: float
@@ -56,17 +57,22 @@ def _f(value: Optional[float], fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]) -> Figures:
+def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float],
+            full_batch: float = 35.0) -> Figures:
+    """full_batch: running requests from which an engine decodes at capacity
+    (max_decode_tok_s / per_request_decode_tok_s)."""
     wall = res.ended_at - res.started_at
     tok_s = res.output_tokens / wall if wall > 0 else 0.0
     done = np.sort(res.done_at)
     steady = saturation = None
     window = (0.0, 0.0)
     tail = last = ret = 0.0
+    batch = None
     if done.size:
         t10, t90, t99 = (float(np.quantile(done, q)) for q in (0.10, 0.90, 0.99))
         window = (t10 - res.started_at, t90 - res.started_at)
         steady = res.watch.rate(t10, t90) if res.watch and not res.watch.failed_scrapes else None
+        batch = res.watch.batch_stats(t10, t90, full_batch) if res.watch else None
         if steady is not None and capacity_tok_s > 0:
             saturation = steady / capacity_tok_s
         durable = res.durable_at[np.isfinite(res.durable_at)]
@@ -84,7 +90,7 @@ def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]
         mode=res.mode, rows=res.rows, expected_rows=res.expected_rows, errors=res.errors,
         wall_s=wall, tok_s=tok_s, ratio_plain=(tok_s / plain_tok_s) if plain_tok_s else None,
         steady_tok_s=steady, capacity_tok_s=capacity_tok_s, saturation=saturation,
-        window=window, tail_s=tail, last_row_s=last, return_s=ret, ramp_s=ramp,
+        window=window, tail_s=tail, last_row_s=last, return_s=ret, ramp_s=ramp, batch=batch,
         longest_s=longest,
         tail_ratio=(tail / longest) if longest > 0 else None,
         cpu_ms_row=1000.0 * cpu_total / max(res.rows, 1),
@@ -113,7 +119,11 @@ def markdown(figs: list[Figures], header: list[str]) -> str:
         lines.append(
             f"- **{f.mode}**: engines first at ≥90% of capacity "
             f"{_f(f.ramp_s, '{:.1f}')} s after start; "
-            f"steady window {f.window[0]:.1f}–{f.window[1]:.1f} s after start; "
+            f"steady window {f.window[0]:.1f}–{f.window[1]:.1f} s after start"
+            + (f" (per engine: {f.batch['mean_running']:.1f} running, min "
+               f"{f.batch['min_running']:.0f}, {f.batch['mean_queued']:.1f} queued; below a full "
+               f"batch in {100 * f.batch['below_full_batch']:.1f}% of scrapes)" if f.batch else "")
+            + "; "
             f"last result {f.last_row_s:.2f} s after 99% of results were available, "
             f"the mode returned {f.return_s:.2f} s after the last row was written; "
             f"errors {f.errors}; "

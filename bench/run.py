@@ -187,7 +187,9 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
 
     plain = next((r for r in results if r.mode == "plain"), None)
     plain_tok_s = plain.output_tokens / (plain.ended_at - plain.started_at) if plain else None
-    figs = [figures(r, capacity, plain_tok_s) for r in results]
+    sim = cfg.engine.simulator
+    full_batch = sim.max_decode_tok_s / sim.per_request_decode_tok_s
+    figs = [figures(r, capacity, plain_tok_s, full_batch) for r in results]
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv or []))
     header = [
         f"Command: `{command}`",

@@ -74,7 +74,7 @@ class GenerateRows:
                     out = continued_row(row, result, self.ctx, attempt)
                 else:
                     out = data_row(row, result, self.ctx, attempt)
-                return dict(out, _retry_classes=retried)
+                return dict(out, retry_classes=retried)
             if retryable and attempt < self.retries["max_attempts"]:
                 retried.append(error_class)
                 await asyncio.sleep(backoff_s(attempt, self.retries["backoff_initial_s"],
@@ -82,7 +82,7 @@ class GenerateRows:
                 continue
             self.breaker.record(error_class not in ROW_ERROR_CLASSES)
             out = failure_row(row, error_class, message, retryable, attempt, self.ctx, replica)
-            return dict(out, _retry_classes=retried)
+            return dict(out, retry_classes=retried)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         outs = await asyncio.gather(*(self._one(r) for r in batch.to_pylist()))

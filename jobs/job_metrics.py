@@ -1,4 +1,5 @@
-"""Job-level gauges set by the driver from progress.json's figures (durable counts)."""
+"""Job-level metrics set by the driver from what is durably written: progress gauges
+and the failure/retry/reject counters."""
 
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ class JobGauges:
                        for name, field in GAUGES.items()}
         self.running = metrics.Gauge("raygen_job_running", "1 while the job driver runs.",
                                      tag_keys=("run", "model"))
+        self.outcomes = {
+            "failures": ("error_class", metrics.Counter(
+                "raygen_failures", "Rows failed after retries.",
+                tag_keys=("run", "model", "error_class"))),
+            "retries": ("error_class", metrics.Counter(
+                "raygen_retries", "Request retries.", tag_keys=("run", "model", "error_class"))),
+            "rejects": ("reason", metrics.Counter(
+                "raygen_rejects", "Rejected input rows.", tag_keys=("run", "model", "reason"))),
+        }
+
+    def count(self, events: list[tuple[str, str]]) -> None:
+        """Outcomes read from newly written files (see progress.RunCounts.events)."""
+        for metric, label in events:
+            key, counter = self.outcomes[metric]
+            counter.inc(1, dict(self.tags, **{key: label}))
 
     def set(self, snapshot: dict[str, Any]) -> None:
         for name, field in GAUGES.items():

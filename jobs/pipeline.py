@@ -66,6 +66,5 @@ def generate(ds: ray.data.Dataset, cfg: RunConfig, ctx: dict[str, Any]) -> ray.d
 
 
 def write(ds: ray.data.Dataset, cfg: RunConfig, run_uri: str) -> None:
-    ds.write_datasink(RunSink(run_uri, cfg.storage, cfg.job.rows_per_file,
-                              cfg.job.run_name, cfg.engine.model_name),
+    ds.write_datasink(RunSink(run_uri, cfg.storage, cfg.job.rows_per_file),
                       ray_remote_args={"num_cpus": LIGHT_CPU}, concurrency=LIGHT_TASKS)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from jobs.rows import reject_reason_class
 from jobs.run_store import RunStore
 from jobs.storage import list_files, write_json_atomic
 
@@ -31,6 +32,10 @@ class RunCounts:
     bytes_written: int = 0
     last_write_ts: float = 0.0
     seen_files: set[str] = field(default_factory=set)
+    # (metric, label) of outcomes in files first seen since the last drain: the job's
+    # failure/retry/reject counters come from durable rows, in the long-lived driver
+    # (short-lived Ray workers lose increments they have not reported yet).
+    events: list[tuple[str, str]] = field(default_factory=list)
 
     def scan(self, store: RunStore) -> None:
         for kind in ("data", "failures", "rejects"):
@@ -45,15 +50,25 @@ class RunCounts:
 
     def _add(self, kind: str, store: RunStore, path: str) -> None:
         if kind == "data":
-            t = store.read_part(path, ["key", "version", "finish_reason", "completion_tokens"])
-            for key, version, finish, tokens in zip(*(c.to_pylist() for c in t.columns)):
+            t = store.read_part(path, ["key", "version", "finish_reason", "completion_tokens",
+                                       "retry_classes"])
+            for key, version, finish, tokens, _ in zip(*(c.to_pylist() for c in t.columns)):
                 if key not in self.latest or self.latest[key][0] < version:
                     self.latest[key] = (version, finish == "length", tokens or 0)
         elif kind == "failures":
-            self.failed.update(store.read_part(path, ["key"]).column("key").to_pylist())
+            t = store.read_part(path, ["key", "error_class", "retry_classes"])
+            self.failed.update(t.column("key").to_pylist())
+            self.events += [("failures", c.removeprefix("continuation:"))
+                            for c in t.column("error_class").to_pylist()]
         else:
-            t = store.read_part(path, ["source", "line"])
-            self.rejected.update(f"{s}:{n}" for s, n in zip(*(c.to_pylist() for c in t.columns)))
+            t = store.read_part(path, ["source", "line", "reason"])
+            self.rejected.update(f"{s}:{n}" for s, n in zip(t.column("source").to_pylist(),
+                                                           t.column("line").to_pylist()))
+            self.events += [("rejects", reject_reason_class(r or ""))
+                            for r in t.column("reason").to_pylist()]
+        if kind != "rejects":
+            self.events += [("retries", c) for classes in t.column("retry_classes").to_pylist()
+                            for c in classes or ()]
 
     @property
     def done(self) -> int:
@@ -85,11 +100,14 @@ class ProgressTracker:
         self.status = "running"
         self.baseline = (0, 0)
         self.last: Optional[dict[str, Any]] = None
+        self._counting = False
 
     def start(self) -> "ProgressTracker":
         self.update()
-        # Rows already in the run before this session: excluded from session rates.
+        # Rows already in the run before this session: excluded from session rates
+        # and from the outcome counters.
         self.baseline = (self.counts.done, self.counts.output_tokens)
+        self._counting = True
         self._thread.start()
         return self
 
@@ -144,6 +162,9 @@ class ProgressTracker:
         write_json_atomic(self.store.loc("progress.json"), snapshot)
         if self.gauges is not None:
             self.gauges.set(snapshot)
+            if self._counting:  # not the first scan: that one holds earlier sessions' rows
+                self.gauges.count(self.counts.events)
+        self.counts.events.clear()
         logger.info("progress %s: %d/%d done, %d failed, %d rejected, %.1f%% truncated, "
                     "%.2f rows/s, %.0f tok/s, eta %s", self.run, c.done, self.total,
                     c.failed_open, len(c.rejected), 100 * snapshot["truncated_fraction"],

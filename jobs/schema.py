@@ -39,6 +39,7 @@ DATA = pa.schema([
     ("repetition_ratio", pa.float64()),  # share of repeated 4-grams in the output ids
     ("latency_s", pa.float64()),
     ("attempts", pa.int32()),
+    ("retry_classes", pa.list_(pa.string())),  # error class of each retried attempt
     ("replica", pa.string()),
     ("model", pa.string()),
     ("sampling", pa.string()),           # JSON of the sampling params sent
@@ -52,6 +53,7 @@ FAILURES = pa.schema([
     ("source", pa.string()), ("line", pa.int64()),
     ("error_class", pa.string()), ("error_message", pa.string()),
     ("retryable", pa.bool_()), ("attempts", pa.int32()),
+    ("retry_classes", pa.list_(pa.string())),
     ("replica", pa.string()), ("settings_hash", pa.string()), ("failed_at", TIMESTAMP),
 ])
 
@@ -66,7 +68,5 @@ KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 # What flows from the generate stage to the sink: every column of every kind plus the
 # row's destination.
 STAGE_OUTPUT = pa.schema(
-    # _retry_classes: error class of each retried attempt (for the retries counter,
-    # counted by the sink); internal, never written (write_part selects the kind's columns).
-    [("_kind", pa.string()), ("_retry_classes", pa.list_(pa.string()))]
+    [("_kind", pa.string())]
     + list({f.name: f for schema in KINDS.values() for f in schema}.values()))

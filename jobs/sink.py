@@ -30,51 +30,9 @@ def row_ids(kind: str, table: pa.Table) -> list[str]:
                                        table.column("line").to_pylist())]
 
 
-_COUNTERS: dict = {}
-
-
-def _counters() -> dict:
-    """The job-side outcome counters, once per worker process.
-
-    Counted here, after the rows are durable, not in the generate actor: Ray Data
-    releases that actor at the end of the dataset and, holding a Serve handle, it
-    cannot exit gracefully, so the raylet SIGKILLs it and whatever it counted since
-    its last metrics report (up to 10 s) is lost. Write tasks run in plain pooled
-    workers that keep reporting.
-    """
-    if not _COUNTERS:
-        from ray.util import metrics
-        tags = ("run", "model")
-        _COUNTERS.update(
-            failures=metrics.Counter("raygen_failures", "Rows failed after retries.",
-                                     tag_keys=tags + ("error_class",)),
-            retries=metrics.Counter("raygen_retries", "Request retries.",
-                                    tag_keys=tags + ("error_class",)),
-            rejects=metrics.Counter("raygen_rejects", "Rejected input rows.",
-                                    tag_keys=tags + ("reason",)))
-    return _COUNTERS
-
-
-def count_outcomes(kind: str, part: pa.Table, run: str, model: str) -> None:
-    from jobs.rows import reject_reason_class
-    c, tags = _counters(), {"run": run, "model": model}
-    if kind == "rejects":
-        for reason in part.column("reason").to_pylist():
-            c["rejects"].inc(1, dict(tags, reason=reject_reason_class(reason or "")))
-        return
-    for classes in part.column("_retry_classes").to_pylist():
-        for error_class in classes or ():
-            c["retries"].inc(1, dict(tags, error_class=error_class))
-    if kind == "failures":
-        for error_class in part.column("error_class").to_pylist():
-            c["failures"].inc(1, dict(tags, error_class=error_class.removeprefix("continuation:")))
-
-
 class RunSink(Datasink):
-    def __init__(self, run_uri: str, storage: StorageConfig, rows_per_file: int,
-                 run: str = "", model: str = ""):
+    def __init__(self, run_uri: str, storage: StorageConfig, rows_per_file: int):
         self.run_uri, self.storage, self._rows_per_file = run_uri, storage, rows_per_file
-        self.run, self.model = run, model
 
     @property
     def min_rows_per_write(self) -> int:
@@ -94,6 +52,4 @@ class RunSink(Datasink):
             if part.num_rows:
                 store.write_part(kind, part, row_ids(kind, part))
                 written[kind] = part.num_rows
-                if self.run:
-                    count_outcomes(kind, part, self.run, self.model)
         return written

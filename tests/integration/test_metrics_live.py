@@ -23,7 +23,7 @@ Then:
 3. output/prompt tokens, completions by finish_reason (so the truncated fraction),
    speculative counters, histogram counts and the job gauges match the Parquet output
    exactly, and so do the job-side counters (failures, retries, rejects), which the
-   sink counts once the rows are durable;
+   driver counts from durable rows;
 4. every catalogued metric is exported and nothing uncatalogued is.
 
 The engines run SLOW_FACTOR x slower (no errors) so each run spans several of Ray's
@@ -180,7 +180,7 @@ def prometheus(ray_cluster, tmp_path_factory):
                 return resp.status == 200
         _wait("prometheus to be ready", ready, 30)
         _wait("Ray's metrics endpoints to be scraped",
-              lambda: prom.query('up{job="ray"} == 1') and prom.query("ray_node_cpu_count"), 60)
+              lambda: prom.query('up{job="ray"} == 1') and prom.query("ray_node_cpu_count"), 180)
         yield prom
     finally:
         proc.terminate()
@@ -489,7 +489,7 @@ def test_counters_match_the_parquet_output(live):
     assert gauge(mc.JOB_RUNNING) == 0
     assert gauge(mc.JOB_ETA_SECONDS) == 0
 
-    # Job side (counted by the sink once rows are durable): never more than the output
+    # Job side (counted by the driver from durable rows): never more than the output
     # says, and the fault run's counters exist. Exact equality: the test below.
     fdata, ffail = live.faults["data"], live.faults["failures"]
     assert len(ffail) > 0 and (fdata.attempts > 1).any(), "the fault run produced no failures/retries"

@@ -31,7 +31,7 @@ def make_row(key: str, version: int = 0, **over: Any) -> dict[str, Any]:
         "max_new_tokens": budget, "effective_max_new_tokens": budget,
         "budget_clamped_by": "", "budget_history": [budget], "continuations": version,
         "spec_verify_ct": None, "accept_length": None, "repetition_ratio": 0.01,
-        "latency_s": 1.0, "attempts": 1, "replica": "r0", "model": "m",
+        "latency_s": 1.0, "attempts": 1, "retry_classes": [], "replica": "r0", "model": "m",
         "sampling": "{}", "settings_hash": "h1",
         "created_at": T0 + dt.timedelta(seconds=version),
     }
@@ -54,7 +54,7 @@ def write_rows(store: RunStore, kind: str, rows: list[dict[str, Any]],
 def failure_row(key: str, error_class: str, seconds: int = 0) -> dict[str, Any]:
     return {"key": key, "id": key, "category": "chat", "messages": "[]", "tools": None,
             "source": "in.jsonl", "line": 1, "error_class": error_class,
-            "error_message": "boom", "retryable": True, "attempts": 4, "replica": "r0",
+            "error_message": "boom", "retryable": True, "attempts": 4, "retry_classes": ["engine_5xx"] * 3, "replica": "r0",
             "settings_hash": "h1", "failed_at": T0 + dt.timedelta(seconds=seconds)}
 
 
