@@ -86,6 +86,9 @@ def start_ray() -> None:
         return
     # The dashboard's Metrics tab reads from this Prometheus (started next).
     os.environ.setdefault("RAY_PROMETHEUS_HOST", PROM_URL)
+    if port_open("127.0.0.1", 8265):
+        raise RuntimeError("port 8265 (Ray dashboard) is taken but `ray status` finds no "
+                           "cluster: another Ray instance runs here; stop it (`ray stop`) first")
     subprocess.run([RAY_BIN, "start", "--head", "--dashboard-host", "127.0.0.1",
                     "--include-dashboard", "true", "--disable-usage-stats"], check=True)
 

@@ -41,6 +41,7 @@ def ray_cluster(s3_endpoint):
     # More logical CPUs than cores: every raygen stage reserves a fraction of a CPU and
     # is I/O-bound; this only lets the scheduler place them.
     ctx = ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
+                   dashboard_port=free_port(),  # a dev machine may run another cluster
                    ignore_reinit_error=True, log_to_driver=False)
     os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
     yield ctx
