@@ -118,6 +118,21 @@ def wait_running(app_name: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.5)
 
 
+def code_version() -> str:
+    """The raygen commit and whether jobs/ or serve_apps/ differ from it (others edit here)."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
+                                "jobs", "serve_apps"], capture_output=True, text=True,
+                               check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return head + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
 def machine() -> str:
     try:
         model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
@@ -159,7 +174,7 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         # stage reserves a fraction of a CPU and is I/O-bound).
         ray.init(address="local", num_cpus=8, include_dashboard=True,
                  dashboard_host="127.0.0.1", log_to_driver=False)
-    machine_line = machine()
+    machine_line, version = machine(), code_version()
     try:
         handle = deploy_or_attach(cfg.engine, cfg.serve)
         wait_running(opt.app_name)  # else run_job's deploy_or_attach would redeploy
@@ -208,6 +223,8 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         f"{'; generate-stage variant ' + opt.variant if opt.variant else ''}.",
         "",
         f"Machine: {machine_line}.",
+        "",
+        f"raygen code: commit {version}.",
     ]
     text = markdown(figs, header)
     if opt.out:

@@ -38,6 +38,10 @@ def s3_endpoint(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def ray_cluster(s3_endpoint):
     import ray
+    # Fixed default ports of Ray's own metrics servers would collide with any other
+    # Ray cluster on a dev machine; the processes Ray starts inherit these.
+    os.environ["DASHBOARD_METRIC_PORT"] = str(free_port())
+    os.environ["AUTOSCALER_METRIC_PORT"] = str(free_port())
     # More logical CPUs than cores: every raygen stage reserves a fraction of a CPU and
     # is I/O-bound; this only lets the scheduler place them.
     ctx = ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
