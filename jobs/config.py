@@ -132,6 +132,19 @@ class RunConfig(StrictModel):
                 f"serve.max_ongoing_requests ({self.serve.max_ongoing_requests}) < "
                 f"engine.max_running_requests ({self.engine.max_running_requests}): the "
                 f"engine could never fill its batch")
+        rows_in_flight = self.job.max_actors * self.job.inflight_rows_per_actor
+        share = -(-rows_in_flight // max(1, self.serve.autoscaling.min_replicas))
+        if self.serve.max_ongoing_requests < share:
+            # Below the share, replicas sit at their limit and every handle's router keeps
+            # retrying rejected requests and re-probing queue lengths: measured 5 ms of
+            # extra CPU per row (BENCHMARKS.md). The engine's own queue bounds the work.
+            raise ValueError(
+                f"serve.max_ongoing_requests ({self.serve.max_ongoing_requests}) < the rows "
+                f"the job keeps in flight per replica ({share} = job.max_actors "
+                f"{self.job.max_actors} x job.inflight_rows_per_actor "
+                f"{self.job.inflight_rows_per_actor} / serve.autoscaling.min_replicas "
+                f"{self.serve.autoscaling.min_replicas}): Serve would keep rejecting rows; "
+                f"set it to about twice that ({2 * share})")
         if self.job.min_actors > self.job.max_actors:
             raise ValueError(f"job.min_actors ({self.job.min_actors}) > job.max_actors "
                              f"({self.job.max_actors})")

@@ -126,8 +126,9 @@ class ServeConfig(StrictModel):
     deployment_name: str = Field("engine", description="Serve deployment name.")
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
     max_ongoing_requests: int = Field(
-        64, ge=1, description="Requests one replica accepts at once; keep it above the engine's "
-        "max_running_requests so the engine's own queue stays fed.")
+        512, ge=1, description="Requests one replica accepts at once (admission only: the "
+        "engine's own queue bounds the work). At least engine.max_running_requests, and at "
+        "least the job's rows in flight per replica (checked); about twice that is best.")
     health_check_period_s: float = Field(10.0, gt=0, description="How often Serve asks a replica.")
     health_check_timeout_s: float = Field(30.0, gt=0, description="Serve health check timeout.")
     graceful_shutdown_timeout_s: float = Field(

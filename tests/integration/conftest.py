@@ -62,7 +62,7 @@ def run_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, run_name: st
                    "max_running_requests": 32, "start_timeout_s": 60,
                    "request_timeout_s": 120,
                    "speculative": {"algorithm": "NEXTN"}, "simulator": dict(FAST_SIM)},
-        "serve": {"app_name": app_name, "max_ongoing_requests": 64,
+        "serve": {"app_name": app_name, "max_ongoing_requests": 128,
                   "num_cpus_per_replica": 0.1, "health_check_period_s": 1,
                   "health_check_timeout_s": 5,
                   "autoscaling": {"min_replicas": 2, "max_replicas": 2,

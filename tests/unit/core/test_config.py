@@ -44,7 +44,7 @@ def test_demo_yaml_loads_with_its_values():
     assert cfg.engine.speculative is not None and cfg.engine.speculative.num_steps == 3
     assert cfg.engine.simulator.time_scale == 0.05
     assert cfg.serve.autoscaling.min_replicas == 2
-    assert cfg.serve.max_ongoing_requests == 96
+    assert cfg.serve.max_ongoing_requests == 256
     assert cfg.job.input == ["s3://raygen-demo/prompts/demo.jsonl"]  # str -> list
     assert cfg.job.max_new_tokens == 4096
     assert cfg.job.run_name == "demo"
@@ -172,15 +172,38 @@ def test_context_length_just_above_budget_ok():
 
 def test_serve_queue_shorter_than_engine_batch():
     msg = error_of(tree(serve={"max_ongoing_requests": 32},
-                        engine={"max_running_requests": 48}))
+                        engine={"max_running_requests": 48},
+                        job={"max_actors": 1, "inflight_rows_per_actor": 16}))
     assert "serve.max_ongoing_requests (32)" in msg
     assert "engine.max_running_requests (48)" in msg
 
 
 def test_serve_queue_equal_to_engine_batch_ok():
     cfg = parse_config(tree(serve={"max_ongoing_requests": 48},
-                            engine={"max_running_requests": 48}))
+                            engine={"max_running_requests": 48},
+                            job={"max_actors": 1, "inflight_rows_per_actor": 48}))
     assert cfg.serve.max_ongoing_requests == 48
+
+
+def test_serve_limit_below_rows_in_flight_per_replica():
+    # 2 actors x 256 rows over 4 replicas = 128 per replica; Serve admits only 100
+    msg = error_of(tree(serve={"max_ongoing_requests": 100,
+                               "autoscaling": {"min_replicas": 4, "max_replicas": 4}},
+                        job={"max_actors": 2, "inflight_rows_per_actor": 256}))
+    assert "serve.max_ongoing_requests (100)" in msg
+    assert "(128 = job.max_actors 2 x job.inflight_rows_per_actor 256" in msg
+    assert "about twice that (256)" in msg
+
+
+def test_serve_limit_share_uses_min_replicas_and_zero_means_one():
+    ok = parse_config(tree(serve={"max_ongoing_requests": 128,
+                                  "autoscaling": {"min_replicas": 4, "max_replicas": 8}},
+                           job={"max_actors": 2, "inflight_rows_per_actor": 256}))
+    assert ok.serve.max_ongoing_requests == 128
+    msg = error_of(tree(serve={"max_ongoing_requests": 128,
+                               "autoscaling": {"min_replicas": 0, "max_replicas": 8}},
+                        job={"max_actors": 2, "inflight_rows_per_actor": 256}))
+    assert "(512 = " in msg
 
 
 def test_min_actors_above_max_actors():
