@@ -82,7 +82,7 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
                    "max_running_requests": opt.max_running, "start_timeout_s": 120,
                    "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
                    "simulator": {"time_scale": opt.scale, "accept_length": 3.0}},
-        "serve": {"app_name": opt.app_name, "max_ongoing_requests": max(opt.max_running, 2 * -(-opt.actors * opt.inflight // opt.replicas)),
+        "serve": {"app_name": opt.app_name, "max_ongoing_requests": max(opt.max_running, 2 * -(-inflight // opt.replicas)),
                   "num_cpus_per_replica": 0.1,
                   "autoscaling": {"min_replicas": opt.replicas, "max_replicas": opt.replicas,
                                   "target_ongoing_requests": opt.max_running}},

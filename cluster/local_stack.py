@@ -26,6 +26,8 @@ S3_HOST = "127.0.0.1"
 S3_PORT = int(os.environ.get("RAYGEN_S3_PORT", "9330"))
 DEMO_BUCKET = "raygen-demo"
 RAY_BIN = str(Path(sys.executable).with_name("ray"))  # the venv's ray CLI
+RAY_TEMP = "/tmp/ray"  # Ray's default; sockets under it must stay short (108-byte limit)
+RAY_SESSION_FILE = STATE / "ray.session"  # the session `up` started: `down` stops only it
 LOCAL_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "raygen-local", "AWS_SECRET_ACCESS_KEY": "raygen-local",
     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
@@ -90,13 +92,52 @@ def start_ray() -> None:
         raise RuntimeError("port 8265 (Ray dashboard) is taken but `ray status` finds no "
                            "cluster: another Ray instance runs here; stop it (`ray stop`) first")
     subprocess.run([RAY_BIN, "start", "--head", "--dashboard-host", "127.0.0.1",
-                    "--include-dashboard", "true", "--disable-usage-stats"], check=True)
+                    "--include-dashboard", "true", "--disable-usage-stats",
+                    "--temp-dir", RAY_TEMP], check=True)
+    session = Path(RAY_TEMP, "session_latest").resolve().name
+    STATE.mkdir(parents=True, exist_ok=True)
+    RAY_SESSION_FILE.write_text(session)
+
+
+def session_pids(session: str) -> list[int]:
+    """Processes of one Ray cluster: every Ray process names its session dir in argv."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if session.encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def stop_ray(grace_s: float = 15.0) -> None:
+    """Stop only the Ray cluster `up` started. `ray stop` would kill every Ray instance on
+    the machine (another user's job, a test suite's cluster)."""
+    if not RAY_SESSION_FILE.exists():
+        print("Ray was not started by local_stack: left running (`ray stop` stops it)")
+        return
+    session = RAY_SESSION_FILE.read_text().strip()
+    pids = session_pids(session)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while (pids := session_pids(session)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not pids:
+            break
+    RAY_SESSION_FILE.unlink()
 
 
 def stop_all() -> None:
     if PROM_SCRIPT.exists():
         subprocess.run(["bash", str(PROM_SCRIPT), "stop"], capture_output=True)
-    subprocess.run([RAY_BIN, "stop", "--force"], capture_output=True)
+    stop_ray()
     pid_file = STATE / "moto.pid"
     if pid_file.exists():
         try:
