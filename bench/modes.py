@@ -60,7 +60,6 @@ class Context:
     proc_tree: ProcTree
     rss_period_s: float = 0.5
     keep_outputs: bool = False
-    variant: Optional[str] = None  # bench.variants key swapped into the raygen mode
 
 
 @contextmanager
@@ -103,20 +102,12 @@ def run_raygen(ctx: Context) -> ModeResult:
     tree = json.loads(json.dumps(ctx.tree))
     tree["job"]["run_name"] = f"bench-{uuid.uuid4().hex[:8]}"
     cfg = parse_config(tree)
-    res = ModeResult(f"raygen[{ctx.variant}]" if ctx.variant else "raygen", ctx.rows)
-    import jobs.pipeline
-    original = jobs.pipeline.GenerateRows
-    if ctx.variant:
-        from bench.variants import VARIANTS
-        jobs.pipeline.GenerateRows = VARIANTS[ctx.variant]
-    try:
-        with measured(ctx, res):
-            res.started_at = time.time()
-            summary = run_job(cfg, retry_failed=False, continue_truncated=False,
-                              max_total_tokens=None, stop_exc=_Never)
-            res.ended_at = time.time()
-    finally:
-        jobs.pipeline.GenerateRows = original
+    res = ModeResult("raygen", ctx.rows)
+    with measured(ctx, res):
+        res.started_at = time.time()
+        summary = run_job(cfg, retry_failed=False, continue_truncated=False,
+                          max_total_tokens=None, stop_exc=_Never)
+        res.ended_at = time.time()
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     data = store.read_kind("data", ["created_at", "latency_s", "completion_tokens"])
     res.rows = data.num_rows

@@ -48,7 +48,6 @@ class Options:
     rss_period_s: float = 0.5
     overrides: list[str] = field(default_factory=list)  # raygen config --set dotted=value
     env: dict[str, str] = field(default_factory=dict)  # env vars for a cluster we start
-    variant: Optional[str] = None  # bench.variants: a proposed generate stage, raygen mode
 
     @property
     def scale(self) -> float:
@@ -183,7 +182,7 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         ctx = Context(cfg=cfg, tree=tree, prompts=prompts, rows=opt.prompts, work_dir=work,
                       engine_urls=urls, inflight=inflight, actors=opt.actors,
                       proc_tree=ProcTree(), rss_period_s=opt.rss_period_s,
-                      keep_outputs=opt.keep_outputs, variant=opt.variant)
+                      keep_outputs=opt.keep_outputs)
         results = []
         for mode in opt.modes:
             logger.warning("bench: mode %s, %d prompts ...", mode, opt.prompts)
@@ -220,7 +219,7 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         f"{'S3' if (opt.output or '').startswith('s3://') else 'local Parquet'}"
         f"{'; overrides ' + ', '.join(opt.overrides) if opt.overrides else ''}"
         f"{'; env ' + ', '.join(f'{k}={v}' for k, v in opt.env.items()) if opt.env else ''}"
-        f"{'; generate-stage variant ' + opt.variant if opt.variant else ''}.",
+        ".",
         "",
         f"Machine: {machine_line}.",
         "",
@@ -251,8 +250,6 @@ def parse_args(argv: Optional[list[str]]) -> Options:
                    help="raygen config override, e.g. --set serve.max_ongoing_requests=128")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the Ray cluster this run starts")
-    p.add_argument("--variant", choices=("chunked", "fastrep"),
-                   help="experiment: run raygen with a proposed generate stage (bench/variants.py)")
     a = p.parse_args(argv)
     return Options(prompts=a.prompts, replicas=a.replicas, time_scale=a.time_scale,
                    zero_latency=a.zero_latency,
@@ -260,7 +257,7 @@ def parse_args(argv: Optional[list[str]]) -> Options:
                    out=a.out, output=a.output, work_dir=a.work_dir, inflight=a.inflight,
                    actors=a.actors, max_new_tokens=a.max_new_tokens,
                    keep_outputs=a.keep_outputs, overrides=a.set,
-                   env=dict(e.partition("=")[::2] for e in a.env), variant=a.variant)
+                   env=dict(e.partition("=")[::2] for e in a.env))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -81,6 +81,10 @@ class JobConfig(StrictModel):
     inflight_rows_per_actor: int = Field(
         128, ge=1, description="Requests each actor keeps in flight; total should exceed "
         "replicas x engine.max_running_requests so every engine stays saturated.")
+    rows_per_call: int = Field(
+        16, ge=1, description="Most rows one Serve call carries (rows ready together share a "
+        "call; each still holds its own in-flight slot). Serve counts a call as one ongoing "
+        "request. 1 = a call per row.")
     batch_size: int = Field(64, ge=1, description="Rows per Ray Data block/batch into an actor.")
     max_batches_per_actor: int = Field(
         8, ge=1, description="Concurrent batches per actor (Ray Data max_concurrency).")

@@ -6,8 +6,9 @@ outputs STAGE_OUTPUT rows whose ``_kind`` says where they
 go (data / failures / rejects).
 
 Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
-concurrent batches (a row-level semaphore), so when one row finishes the next one
-starts at once: a slow 8K-token row holds one slot, not its whole batch. Transient
+concurrent batches (row-level slots, ``jobs.row_sender``), so when one row finishes the
+next one starts at once: a slow 8K-token row holds one slot, not its whole batch. Rows
+ready together share one handle call (``job.rows_per_call``). Transient
 errors are retried with backoff; permanent ones become failure rows; the breaker
 stops the job when the fleet is down.
 """
@@ -16,22 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 from ray import serve
 
 from jobs.retry import REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker, backoff_s, replica_error_class
+from jobs.row_sender import RowSender
 from jobs.rows import continued_row, data_row, failure_row, reject_row, to_table
 
 
 class GenerateRows:
     def __init__(self, app_name: str, deployment_name: str, ctx: dict[str, Any]):
         self.ctx = ctx
-        self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
+        handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
+        self.sender = RowSender(handle, ctx["inflight_rows_per_actor"], ctx["rows_per_call"])
         self.retries = ctx["retries"]
         self.breaker = Breaker(**ctx["breaker"])
-        self._slots: Optional[asyncio.Semaphore] = None
 
     def _request(self, row: dict[str, Any]) -> dict[str, Any]:
         request = {"key": row["key"], "run": self.ctx["run"], "category": row["category"],
@@ -49,12 +51,6 @@ class GenerateRows:
                            tools=json.loads(row["tools"]) if row["tools"] else None)
         return request
 
-    async def _call(self, request: dict[str, Any]) -> dict[str, Any]:
-        if self._slots is None:  # created inside the actor's event loop
-            self._slots = asyncio.Semaphore(self.ctx["inflight_rows_per_actor"])
-        async with self._slots:
-            return await self.handle.generate.remote(request)
-
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
         if row.get("reject_reason"):
             return reject_row(row, row["reject_reason"])
@@ -62,7 +58,7 @@ class GenerateRows:
         while True:
             attempt += 1
             try:
-                result = await self._call(request)
+                result = await self.sender.send(request)
                 error_class, retryable = result["error_class"], bool(result["retryable"])
                 message, replica = result["error_message"], result["replica"]
             except REPLICA_ERRORS as exc:

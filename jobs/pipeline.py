@@ -39,6 +39,7 @@ def stage_context(cfg: RunConfig) -> dict[str, Any]:
         "sampling": sampling, "sampling_json": json.dumps(sampling, sort_keys=True),
         "settings_hash": settings_hash(cfg.engine.model_name, sampling),
         "inflight_rows_per_actor": cfg.job.inflight_rows_per_actor,
+        "rows_per_call": cfg.job.rows_per_call,
         "retries": cfg.job.retries.model_dump(), "breaker": cfg.job.breaker.model_dump(),
     }
 

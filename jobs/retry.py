@@ -15,8 +15,14 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 # Exceptions raised by a handle call when the replica (not the row) is the problem.
+
+
+class CallIncomplete(RuntimeError):
+    """A replica's result stream ended without some of its rows (they are sent again)."""
+
+
 REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError, BackPressureError,
-                  DeploymentUnavailableError, RayTaskError)
+                  DeploymentUnavailableError, RayTaskError, CallIncomplete)
 ROW_ERROR_CLASSES = {"context_overflow", "bad_request"}
 
 

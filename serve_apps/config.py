@@ -107,7 +107,8 @@ class AutoscalingConfig(StrictModel):
     min_replicas: int = Field(1, ge=0, description="Replicas kept even when idle.")
     max_replicas: int = Field(1, ge=1, description="Upper bound: one replica per GPU for SGLang.")
     target_ongoing_requests: float = Field(
-        40.0, gt=0, description="Serve scales up when ongoing requests per replica exceed this.")
+        40.0, gt=0, description="Serve scales up when ongoing requests per replica exceed "
+        "this. A job call carries up to job.rows_per_call rows and counts as one request.")
     upscale_delay_s: float = Field(30.0, ge=0, description="Serve autoscaling upscale delay.")
     downscale_delay_s: float = Field(600.0, ge=0, description="Serve autoscaling downscale delay.")
 

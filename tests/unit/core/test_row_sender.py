@@ -1,0 +1,169 @@
+"""jobs.row_sender: rows share handle calls, slots stay per row, errors reach every row.
+
+The handle here is an in-process stand-in with Serve's streaming-call shape
+(``handle.options(stream=True).generate_many.remote(requests)`` is an async iterator);
+tests/integration drives the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from jobs.retry import CallIncomplete
+from jobs.row_sender import RowSender
+
+
+class StreamingHandle:
+    """Answers each row after ``delay[key]`` seconds (default 0.01), in completion order."""
+
+    def __init__(self, delay=None, fail_after=None, drop=()):
+        self.delay = delay or {}
+        self.fail_after = fail_after  # raise after this many results of a call
+        self.drop = set(drop)         # keys the stream never answers
+        self.calls: list[list[str]] = []
+        self.inflight = self.max_inflight = 0
+
+    def options(self, stream: bool):
+        assert stream is True
+        return self
+
+    @property
+    def generate_many(self):
+        return self
+
+    def remote(self, requests):
+        self.calls.append([r["key"] for r in requests])
+        return self._stream(requests)
+
+    async def _stream(self, requests):
+        self.inflight += len(requests)
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        pending = [asyncio.ensure_future(self._one(r)) for r in requests]
+        try:
+            for n, done in enumerate(asyncio.as_completed(pending)):
+                if self.fail_after is not None and n == self.fail_after:
+                    raise ConnectionError("replica died")
+                result = await done
+                if result["key"] not in self.drop:
+                    yield result
+        finally:
+            self.inflight -= len(requests)
+            for task in pending:
+                task.cancel()
+
+    async def _one(self, request):
+        await asyncio.sleep(self.delay.get(request["key"], 0.01))
+        return {"key": request["key"], "echo": request["n"]}
+
+
+def requests(n):
+    return [{"key": f"k{i}", "n": i} for i in range(n)]
+
+
+def test_rows_ready_together_share_calls_and_each_gets_its_own_result():
+    handle = StreamingHandle()
+    sender = RowSender(handle, inflight_rows=64, rows_per_call=16)
+
+    async def main():
+        return await asyncio.gather(*(sender.send(r) for r in requests(40)))
+
+    results = asyncio.run(main())
+    assert [r["echo"] for r in results] == list(range(40))
+    assert sorted(k for call in handle.calls for k in call) == sorted(f"k{i}" for i in range(40))
+    assert max(len(c) for c in handle.calls) == 16 and len(handle.calls) <= 4
+
+
+def test_rows_per_call_one_sends_each_row_alone():
+    handle = StreamingHandle()
+    sender = RowSender(handle, inflight_rows=8, rows_per_call=1)
+
+    async def main():
+        return await asyncio.gather(*(sender.send(r) for r in requests(10)))
+
+    asyncio.run(main())
+    assert len(handle.calls) == 10 and all(len(c) == 1 for c in handle.calls)
+
+
+def test_in_flight_never_exceeds_the_slots():
+    handle = StreamingHandle()
+    sender = RowSender(handle, inflight_rows=5, rows_per_call=4)
+
+    async def main():
+        await asyncio.gather(*(sender.send(r) for r in requests(30)))
+
+    asyncio.run(main())
+    assert handle.max_inflight == 5
+
+
+def test_a_slow_row_holds_one_slot_not_its_chunk():
+    # 4 slots; k0 takes 1 s. Its chunk-mates finish at once, and the 8 rows behind them
+    # must run on the 3 freed slots long before k0 ends.
+    handle = StreamingHandle(delay={"k0": 1.0})
+    sender = RowSender(handle, inflight_rows=4, rows_per_call=4)
+    finished: dict[str, float] = {}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(r):
+            await sender.send(r)
+            finished[r["key"]] = loop.time() - start
+
+        await asyncio.gather(*(one(r) for r in requests(12)))
+
+    asyncio.run(main())
+    assert handle.calls[0] == ["k0", "k1", "k2", "k3"]
+    assert finished["k0"] >= 1.0
+    assert max(t for k, t in finished.items() if k != "k0") < 0.5
+
+
+def test_a_call_that_fails_midway_fails_only_its_unanswered_rows_and_frees_their_slots():
+    handle = StreamingHandle(delay={"k0": 0.01, "k1": 0.2, "k2": 0.2}, fail_after=1)
+    sender = RowSender(handle, inflight_rows=3, rows_per_call=3)
+
+    async def main():
+        first = await asyncio.gather(*(sender.send(r) for r in requests(3)),
+                                     return_exceptions=True)
+        handle.fail_after = None
+        after = await asyncio.gather(*(sender.send(r) for r in requests(3)))  # slots back
+        return first, after
+
+    first, after = asyncio.run(main())
+    assert first[0] == {"key": "k0", "echo": 0}
+    assert all(isinstance(e, ConnectionError) for e in first[1:])
+    assert [r["key"] for r in after] == ["k0", "k1", "k2"]
+
+
+def test_a_stream_that_ends_without_a_row_raises_call_incomplete_for_it():
+    handle = StreamingHandle(drop={"k1"})
+    sender = RowSender(handle, inflight_rows=4, rows_per_call=4)
+
+    async def main():
+        return await asyncio.gather(*(sender.send(r) for r in requests(3)),
+                                    return_exceptions=True)
+
+    out = asyncio.run(main())
+    assert out[0]["key"] == "k0" and out[2]["key"] == "k2"
+    assert isinstance(out[1], CallIncomplete)
+
+
+def test_a_failed_dispatcher_fails_waiting_rows_and_the_next_send_restarts_it():
+    handle = StreamingHandle()
+    sender = RowSender(handle, inflight_rows=2, rows_per_call=2)
+
+    async def main():
+        sender._start()
+
+        async def broken_acquire():
+            raise RuntimeError("dispatcher bug")
+
+        sender._slots.acquire = broken_acquire
+        with pytest.raises(RuntimeError, match="dispatcher bug"):
+            await sender.send(requests(1)[0])
+        del sender._slots.acquire  # back to the real semaphore method
+        return await sender.send(requests(2)[1])
+
+    assert asyncio.run(main()) == {"key": "k1", "echo": 1}
