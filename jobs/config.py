@@ -85,6 +85,9 @@ class JobConfig(StrictModel):
         16, ge=1, description="Most rows one Serve call carries (rows ready together share a "
         "call; each still holds its own in-flight slot). Serve counts a call as one ongoing "
         "request. 1 = a call per row.")
+    call_linger_s: float = Field(
+        0.2, ge=0, description="Longest a call waits for more rows/free slots to fill up to "
+        "rows_per_call (fewer calls, less CPU; delays an engine refill by at most this).")
     batch_size: int = Field(64, ge=1, description="Rows per Ray Data block/batch into an actor.")
     max_batches_per_actor: int = Field(
         8, ge=1, description="Concurrent batches per actor (Ray Data max_concurrency).")

@@ -31,7 +31,8 @@ class GenerateRows:
     def __init__(self, app_name: str, deployment_name: str, ctx: dict[str, Any]):
         self.ctx = ctx
         handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
-        self.sender = RowSender(handle, ctx["inflight_rows_per_actor"], ctx["rows_per_call"])
+        self.sender = RowSender(handle, ctx["inflight_rows_per_actor"], ctx["rows_per_call"],
+                                ctx["call_linger_s"])
         self.retries = ctx["retries"]
         self.breaker = Breaker(**ctx["breaker"])
 

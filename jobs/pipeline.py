@@ -40,6 +40,7 @@ def stage_context(cfg: RunConfig) -> dict[str, Any]:
         "settings_hash": settings_hash(cfg.engine.model_name, sampling),
         "inflight_rows_per_actor": cfg.job.inflight_rows_per_actor,
         "rows_per_call": cfg.job.rows_per_call,
+        "call_linger_s": cfg.job.call_linger_s,
         "retries": cfg.job.retries.model_dump(), "breaker": cfg.job.breaker.model_dump(),
     }
 

@@ -1,15 +1,17 @@
 """Send rows to the engine replicas in chunks, while in-flight slots stay per row.
 
-One Serve handle call costs the caller and the replica a few ms of CPU (routing,
-pickling, Serve's bookkeeping), far more than the row's own HTTP work. So rows that
-are ready together go out as ONE streaming ``generate_many`` call of up to
-``rows_per_call`` rows, and each result is handed to its row as the replica streams it
-back (completion order). A row holds its in-flight slot from send until its own
-result arrives, never until its chunk ends, so a slow 8K-token row holds one slot.
+One Serve handle call costs the caller and the replica several ms of CPU (routing,
+pickling, Serve's bookkeeping), more than the row's own HTTP work. So up to
+``rows_per_call`` rows go out as ONE streaming ``generate_many`` call, and each result
+is handed to its row as the replica streams it back (completion order). A row holds
+its in-flight slot from send until its own result arrives, never until its chunk ends,
+so a slow 8K-token row holds one slot.
 
-Chunks only form when rows and free slots are there together (start-up, fast rows);
-in a GPU-bound steady state a finished row frees one slot and the next row goes out
-alone at once, so the engines' queues are refilled without delay.
+A chunk goes when it is full or ``linger_s`` after its first row got a slot. When all
+slots are busy (the steady state), slots come back one finished row at a time; the
+linger lets a few gather instead of paying a call per row. It delays a refill by at
+most ``linger_s``, which the engines' queued requests cover (rows run for seconds on
+the simulator, minutes on GPUs).
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ from typing import Any, Optional
 from jobs.retry import CallIncomplete
 
 logger = logging.getLogger(__name__)
-LINGER_S = 0.002  # lets concurrent batches add their rows before a short chunk goes
 
 
 class RowSender:
-    def __init__(self, handle: Any, inflight_rows: int, rows_per_call: int):
+    def __init__(self, handle: Any, inflight_rows: int, rows_per_call: int,
+                 linger_s: float = 0.2):
         self.stream = handle.options(stream=True)
-        self.inflight_rows = inflight_rows
         self.rows_per_call = rows_per_call
+        self.linger_s = linger_s
+        self._free = inflight_rows  # in-flight slots; only the dispatcher takes them
         self._queue: deque[tuple[dict[str, Any], asyncio.Future]] = deque()
-        self._slots: Optional[asyncio.Semaphore] = None
-        self._wake: Optional[asyncio.Event] = None
+        self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
         self._dispatcher: Optional[asyncio.Task] = None
 
     async def send(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -41,20 +43,19 @@ class RowSender:
             self._start()
         future = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
-        self._wake.set()
+        self._changed.set()
         return await future
 
     def _start(self) -> None:  # inside the actor's event loop
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.inflight_rows)
-            self._wake = asyncio.Event()
+        if self._changed is None:
+            self._changed = asyncio.Event()
         self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch())
         self._dispatcher.add_done_callback(self._dispatcher_ended)
 
     def _dispatcher_ended(self, task: asyncio.Task) -> None:
         # Never leave a row waiting on a dead dispatcher: fail what is queued (the caller
         # retries it) and let the next send start a new one.
-        if task.cancelled():
+        if task.cancelled() or task is not self._dispatcher:  # a newer one owns the queue
             return
         exc = task.exception()
         if exc is not None:
@@ -64,21 +65,42 @@ class RowSender:
                 if not future.done():
                     future.set_exception(exc)
 
+    def _release(self) -> None:
+        self._free += 1
+        self._changed.set()
+
+    async def _wait_change(self, deadline: Optional[float]) -> bool:
+        """Wait until a row is queued or a slot freed; False once the deadline passed."""
+        self._changed.clear()
+        timeout = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        if timeout is not None and timeout <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queue:
-                if len(self._queue) < self.rows_per_call and not self._slots.locked():
-                    await asyncio.sleep(LINGER_S)
-                await self._slots.acquire()  # the first row waits for a slot ...
-                chunk = [self._queue.popleft()]
-                # ... the rest only take slots that are free now
-                while (self._queue and len(chunk) < self.rows_per_call
-                       and not self._slots.locked()):
-                    await self._slots.acquire()
-                    chunk.append(self._queue.popleft())
-                asyncio.get_running_loop().create_task(self._call(chunk))
+            while not (self._queue and self._free):  # the first row needs a row and a slot
+                await self._wait_change(None)
+            chunk, deadline = [], loop.time() + self.linger_s
+            try:
+                while len(chunk) < self.rows_per_call:
+                    if self._queue and self._free:
+                        self._free -= 1
+                        chunk.append(self._queue.popleft())
+                    elif not await self._wait_change(deadline):
+                        break
+            except BaseException as exc:  # the rows taken so far are not lost either
+                for _, future in chunk:
+                    self._release()
+                    if not future.done():
+                        future.set_exception(exc)
+                raise
+            loop.create_task(self._call(chunk))
 
     async def _call(self, chunk: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
         waiting = {request["key"]: future for request, future in chunk}
@@ -86,14 +108,14 @@ class RowSender:
             async for result in self.stream.generate_many.remote([r for r, _ in chunk]):
                 future = waiting.pop(result["key"], None)
                 if future is not None:
-                    self._slots.release()
+                    self._release()
                     if not future.done():
                         future.set_result(result)
             if waiting:
                 raise CallIncomplete(f"generate_many ended without {len(waiting)} of its rows")
         except BaseException as exc:  # every row still waiting gets the call's error
             for future in waiting.values():
-                self._slots.release()
+                self._release()
                 if not future.done():
                     future.set_exception(exc)
             waiting.clear()

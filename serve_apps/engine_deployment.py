@@ -63,6 +63,7 @@ class EngineReplica:
 
     async def _relay_loop(self) -> None:
         while True:
+            self.metrics.set_inflight(self._inflight)
             try:
                 up = await self.client.healthy()
                 text = await self.client.metrics_text() if up else ""
@@ -86,13 +87,11 @@ class EngineReplica:
 
     async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
         self._ensure_relay()
-        self._inflight += 1
-        self.metrics.set_inflight(self._inflight)
+        self._inflight += 1  # exported by the relay loop: Ray ships gauges every few s anyway
         try:
             result = await self.generator.generate(request)
         finally:
             self._inflight -= 1
-            self.metrics.set_inflight(self._inflight)
         self.metrics.record(request, result)
         return result
 

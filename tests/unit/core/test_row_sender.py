@@ -64,7 +64,7 @@ def requests(n):
 
 def test_rows_ready_together_share_calls_and_each_gets_its_own_result():
     handle = StreamingHandle()
-    sender = RowSender(handle, inflight_rows=64, rows_per_call=16)
+    sender = RowSender(handle, inflight_rows=64, rows_per_call=16, linger_s=0.05)
 
     async def main():
         return await asyncio.gather(*(sender.send(r) for r in requests(40)))
@@ -77,7 +77,7 @@ def test_rows_ready_together_share_calls_and_each_gets_its_own_result():
 
 def test_rows_per_call_one_sends_each_row_alone():
     handle = StreamingHandle()
-    sender = RowSender(handle, inflight_rows=8, rows_per_call=1)
+    sender = RowSender(handle, inflight_rows=8, rows_per_call=1, linger_s=0.05)
 
     async def main():
         return await asyncio.gather(*(sender.send(r) for r in requests(10)))
@@ -87,8 +87,8 @@ def test_rows_per_call_one_sends_each_row_alone():
 
 
 def test_in_flight_never_exceeds_the_slots():
-    handle = StreamingHandle()
-    sender = RowSender(handle, inflight_rows=5, rows_per_call=4)
+    handle = StreamingHandle(delay={f"k{i}": 0.2 for i in range(30)})
+    sender = RowSender(handle, inflight_rows=5, rows_per_call=4, linger_s=0.05)
 
     async def main():
         await asyncio.gather(*(sender.send(r) for r in requests(30)))
@@ -101,7 +101,7 @@ def test_a_slow_row_holds_one_slot_not_its_chunk():
     # 4 slots; k0 takes 1 s. Its chunk-mates finish at once, and the 8 rows behind them
     # must run on the 3 freed slots long before k0 ends.
     handle = StreamingHandle(delay={"k0": 1.0})
-    sender = RowSender(handle, inflight_rows=4, rows_per_call=4)
+    sender = RowSender(handle, inflight_rows=4, rows_per_call=4, linger_s=0.05)
     finished: dict[str, float] = {}
 
     async def main():
@@ -122,7 +122,7 @@ def test_a_slow_row_holds_one_slot_not_its_chunk():
 
 def test_a_call_that_fails_midway_fails_only_its_unanswered_rows_and_frees_their_slots():
     handle = StreamingHandle(delay={"k0": 0.01, "k1": 0.2, "k2": 0.2}, fail_after=1)
-    sender = RowSender(handle, inflight_rows=3, rows_per_call=3)
+    sender = RowSender(handle, inflight_rows=3, rows_per_call=3, linger_s=0.05)
 
     async def main():
         first = await asyncio.gather(*(sender.send(r) for r in requests(3)),
@@ -139,7 +139,7 @@ def test_a_call_that_fails_midway_fails_only_its_unanswered_rows_and_frees_their
 
 def test_a_stream_that_ends_without_a_row_raises_call_incomplete_for_it():
     handle = StreamingHandle(drop={"k1"})
-    sender = RowSender(handle, inflight_rows=4, rows_per_call=4)
+    sender = RowSender(handle, inflight_rows=4, rows_per_call=4, linger_s=0.05)
 
     async def main():
         return await asyncio.gather(*(sender.send(r) for r in requests(3)),
@@ -150,20 +150,48 @@ def test_a_stream_that_ends_without_a_row_raises_call_incomplete_for_it():
     assert isinstance(out[1], CallIncomplete)
 
 
-def test_a_failed_dispatcher_fails_waiting_rows_and_the_next_send_restarts_it():
-    handle = StreamingHandle()
-    sender = RowSender(handle, inflight_rows=2, rows_per_call=2)
+def test_when_slots_are_scarce_a_call_waits_up_to_the_linger_to_gather_freed_slots():
+    # 4 slots, rows finish 10 ms apart: without a linger each freed slot would cost a call
+    handle = StreamingHandle(delay={f"k{i}": 0.01 * (i + 1) for i in range(4)})
+    sender = RowSender(handle, inflight_rows=4, rows_per_call=4, linger_s=0.2)
 
     async def main():
-        sender._start()
+        await asyncio.gather(*(sender.send(r) for r in requests(8)))
 
-        async def broken_acquire():
-            raise RuntimeError("dispatcher bug")
+    asyncio.run(main())
+    assert handle.calls == [["k0", "k1", "k2", "k3"], ["k4", "k5", "k6", "k7"]]
 
-        sender._slots.acquire = broken_acquire
+
+def test_a_short_chunk_goes_after_the_linger():
+    handle = StreamingHandle()
+    sender = RowSender(handle, inflight_rows=8, rows_per_call=8, linger_s=0.05)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await sender.send(requests(1)[0])
+        return loop.time() - start
+
+    took = asyncio.run(main())
+    assert handle.calls == [["k0"]]
+    assert 0.05 <= took < 0.5
+
+
+def test_a_failed_dispatcher_fails_its_rows_and_the_next_send_restarts_it():
+    handle = StreamingHandle()
+    sender = RowSender(handle, inflight_rows=2, rows_per_call=2, linger_s=0.05)
+    real_wait = sender._wait_change
+
+    async def broken_wait(deadline):
+        raise RuntimeError("dispatcher bug")
+
+    async def main():
+        sender._wait_change = broken_wait  # fails while gathering the first chunk
         with pytest.raises(RuntimeError, match="dispatcher bug"):
             await sender.send(requests(1)[0])
-        del sender._slots.acquire  # back to the real semaphore method
-        return await sender.send(requests(2)[1])
+        sender._wait_change = real_wait
+        return await sender.send(requests(2)[1]), sender._free
 
-    assert asyncio.run(main()) == {"key": "k1", "echo": 1}
+    result, free = asyncio.run(main())
+    assert result == {"key": "k1", "echo": 1}
+    assert free == 2  # the failed row's slot came back
