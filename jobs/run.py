@@ -86,7 +86,8 @@ def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
 
 
 def summary_text(store: RunStore, snap: dict[str, Any]) -> str:
-    data = store.read_kind("data", ["key", "version", "finish_reason"])
+    from jobs.continuation import latest_versions
+    data = latest_versions(store)  # a continued row counts once, as its latest version
     reasons = pc.value_counts(data.column("finish_reason")).to_pylist() if data.num_rows else []
     mix = ", ".join(f"{r['values']}={r['counts']}" for r in reasons) or "none"
     return "\n".join([

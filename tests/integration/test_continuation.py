@@ -30,7 +30,10 @@ def test_continue_truncated_equals_a_long_run(ray_cluster, s3_endpoint, tmp_path
 
     summary = run(short, continue_truncated=True, max_total_tokens=8192)
     assert summary.status == "succeeded"
-    run(long)
+    long_summary = run(long)
+    # the end-of-run summary counts each prompt once (its latest version)
+    assert summary.text.split("finish:")[1].split("(")[0] == \
+        long_summary.text.split("finish:")[1].split("(")[0]
 
     cont, ref = _latest(read(short, "data")), _latest(read(long, "data"))
     assert list(cont.index) == list(ref.index)
