@@ -36,6 +36,7 @@ class RowSender:
         self._queue: deque[tuple[dict[str, Any], asyncio.Future]] = deque()
         self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
         self._dispatcher: Optional[asyncio.Task] = None
+        self._calls: set[asyncio.Task] = set()  # the loop keeps only weak references
 
     async def send(self, request: dict[str, Any]) -> dict[str, Any]:
         """The replica's result for one request; raises what the handle call raised."""
@@ -100,7 +101,9 @@ class RowSender:
                     if not future.done():
                         future.set_exception(exc)
                 raise
-            loop.create_task(self._call(chunk))
+            call = loop.create_task(self._call(chunk))
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
 
     async def _call(self, chunk: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
         waiting = {request["key"]: future for request, future in chunk}
