@@ -73,7 +73,7 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
            "inflight_rows_per_actor": max(1, inflight // opt.actors),
            "batch_size": 64, "max_batches_per_actor": 8, "rows_per_file": 256,
            "progress_interval_s": 5}
-    from jobs.config import JobConfig
+    from jobs.config import JobConfig, rows_per_replica
     if "metrics_linger_s" in JobConfig.model_fields:
         job["metrics_linger_s"] = 0  # no Prometheus here: do not time a deliberate idle wait
     tree = {
@@ -81,7 +81,9 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
                    "max_running_requests": opt.max_running, "start_timeout_s": 120,
                    "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
                    "simulator": {"time_scale": opt.scale, "accept_length": 3.0}},
-        "serve": {"app_name": opt.app_name, "max_ongoing_requests": max(opt.max_running, 2 * -(-inflight // opt.replicas)),
+        "serve": {"app_name": opt.app_name,
+                  "max_ongoing_requests": max(opt.max_running,
+                                              2 * rows_per_replica(inflight, opt.replicas)),
                   "num_cpus_per_replica": 0.1,
                   "autoscaling": {"min_replicas": opt.replicas, "max_replicas": opt.replicas,
                                   "target_ongoing_requests": opt.max_running}},

@@ -121,6 +121,11 @@ class StorageConfig(StrictModel):
     region: str = Field("us-east-1")
 
 
+def rows_per_replica(rows_in_flight: int, replicas: int) -> int:
+    """Each replica's share of the rows in flight: what Serve must admit (replicas >= 1)."""
+    return -(-rows_in_flight // max(1, replicas))
+
+
 class RunConfig(StrictModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
@@ -139,8 +144,8 @@ class RunConfig(StrictModel):
                 f"serve.max_ongoing_requests ({self.serve.max_ongoing_requests}) < "
                 f"engine.max_running_requests ({self.engine.max_running_requests}): the "
                 f"engine could never fill its batch")
-        rows_in_flight = self.job.max_actors * self.job.inflight_rows_per_actor
-        share = -(-rows_in_flight // max(1, self.serve.autoscaling.min_replicas))
+        share = rows_per_replica(self.job.max_actors * self.job.inflight_rows_per_actor,
+                                 self.serve.autoscaling.min_replicas)
         if self.serve.max_ongoing_requests < share:
             # Below the share, replicas sit at their limit and every handle's router keeps
             # retrying rejected requests and re-probing queue lengths: measured 5 ms of

@@ -14,13 +14,13 @@ import random
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-# Exceptions raised by a handle call when the replica (not the row) is the problem.
 
 
 class CallIncomplete(RuntimeError):
     """A replica's result stream ended without some of its rows (they are sent again)."""
 
 
+# Exceptions raised by a handle call when the replica (not the row) is the problem.
 REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError, BackPressureError,
                   DeploymentUnavailableError, RayTaskError, CallIncomplete)
 ROW_ERROR_CLASSES = {"context_overflow", "bad_request"}
