@@ -73,9 +73,11 @@ class JobConfig(StrictModel):
     max_new_tokens: int = Field(8192, ge=1, description="Output budget per prompt.")
     context_policy: Literal["clamp", "reject"] = Field(
         "reject", description="When prompt + budget exceed the context: clamp the budget "
-        "(recorded per row) or reject the row into failures/.")
+        "(recorded per row) or reject the row into failures/ (error_class context_overflow; "
+        "--retry-failed sends it again after a context or policy change).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    limit: Optional[int] = Field(None, ge=1, description="Only the first N input rows.")
+    limit: Optional[int] = Field(None, ge=1, description="Only the first N rows of each "
+                                 "input file.")
     min_actors: int = Field(1, ge=1, description="Generation actors (async, autoscaled).")
     max_actors: int = Field(2, ge=1)
     inflight_rows_per_actor: int = Field(

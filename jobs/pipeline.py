@@ -14,7 +14,7 @@ import ray.data
 
 from jobs.config import RunConfig
 from jobs.generate_stage import GenerateRows
-from jobs.ledger import admit_batch
+from jobs.admission import admit_batch
 from jobs.rows import settings_hash
 from jobs.sink import RunSink
 from jobs.sources import PromptFiles
@@ -45,14 +45,16 @@ def stage_context(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def build(cfg: RunConfig, inputs: list[Location], ledger, run_uri: str) -> ray.data.Dataset:
+def build(cfg: RunConfig, inputs: list[Location], table: list,
+          run_uri: str) -> ray.data.Dataset:
+    """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/admission.py)."""
     job = cfg.job
     ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size),
                                   num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
                         num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
     ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
-                        fn_kwargs={"ledger": ledger}, num_cpus=LIGHT_CPU,
+                        fn_kwargs={"table": table}, num_cpus=LIGHT_CPU,
                         concurrency=LIGHT_TASKS)
     return generate(ds, cfg, stage_context(cfg))
 

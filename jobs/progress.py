@@ -61,9 +61,11 @@ class RunCounts:
             self.events += [("failures", c.removeprefix("continuation:"))
                             for c in t.column("error_class").to_pylist()]
         else:
-            t = store.read_part(path, ["source", "line", "reason"])
-            self.rejected.update(f"{s}:{n}" for s, n in zip(t.column("source").to_pylist(),
-                                                           t.column("line").to_pylist()))
+            t = store.read_part(path, None)  # reject_id: content identity (older parts: line)
+            ids = t.column("reject_id").to_pylist() if "reject_id" in t.column_names else []
+            self.rejected.update(i or f"{s}:{n}" for i, s, n in zip(
+                ids or [None] * t.num_rows, t.column("source").to_pylist(),
+                t.column("line").to_pylist()))
             self.events += [("rejects", reject_reason_class(r or ""))
                             for r in t.column("reason").to_pylist()]
         if kind != "rejects":

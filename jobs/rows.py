@@ -15,7 +15,6 @@ import pyarrow as pa
 
 from jobs.schema import STAGE_OUTPUT
 
-REJECT_CLASSES = {"context_overflow"}  # input problems: rejects/, not failures/
 
 
 def now() -> dt.datetime:
@@ -46,7 +45,7 @@ def data_row(row: dict[str, Any], result: dict[str, Any], ctx: dict[str, Any],
         "budget_clamped_by", "spec_verify_ct", "accept_length", "latency_s", "replica")}
     out.update(
         _kind="data", key=row["key"], id=row["id"], version=0, category=row["category"],
-        messages=row["messages"], tools=row["tools"],
+        messages=row["messages"], tools=row["tools"], prompt_hash=row.get("prompt_hash"),
         budget_history=[result["max_new_tokens"]], continuations=0,
         repetition_ratio=repetition_ratio(result["output_token_ids"]),
         attempts=attempts, model=ctx["model"], sampling=ctx["sampling_json"],
@@ -89,8 +88,8 @@ def failure_row(row: dict[str, Any], error_class: str, message: str, retryable: 
                 attempts: int, ctx: dict[str, Any], replica: Optional[str] = None) -> dict:
     if ctx.get("continue_to"):  # the row stays in data/ (truncated); record why it stays so
         error_class = f"continuation:{error_class}"
-    elif error_class in REJECT_CLASSES:
-        return reject_row(row, f"{error_class}: {message}")
+    # context_overflow stays a failure (not a reject): --retry-failed sends it again
+    # once engine.context_length or job.context_policy allows it.
     return {"_kind": "failures", "key": row["key"], "id": row["id"],
             "category": row["category"], "messages": row["messages"], "tools": row["tools"],
             "source": row.get("source"), "line": row.get("line"), "error_class": error_class,

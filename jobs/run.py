@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.config import RunConfig
 from jobs.run_store import RunStore
 from jobs.storage import Location, locate
+
+if TYPE_CHECKING:
+    from jobs.admission import Admission, PriorRun
 
 logger = logging.getLogger("raygen")
 
@@ -30,25 +34,43 @@ class Summary:
 class RunState:
     """What the run's own files already hold (the only resume state there is)."""
 
-    done: set[str]
-    failed: set[str]
-    rejected: set[str]
+    prior: "PriorRun"  # done / open failed keys as digests, known reject ids
     first_budgets: dict[tuple[str, int], int]  # (settings_hash, first budget) -> rows
 
     @classmethod
     def read(cls, store: RunStore) -> "RunState":
-        data = store.read_kind("data", ["key", "settings_hash", "budget_history"])
+        from jobs.admission import PriorRun
+        data = read_columns(store, "data", ["key", "settings_hash", "budget_history",
+                                            "prompt_hash"])
         budgets: dict[tuple[str, int], int] = {}
         for sh, hist in zip(data.column("settings_hash").to_pylist(),
                             data.column("budget_history").to_pylist()):
             budgets[(sh, hist[0])] = budgets.get((sh, hist[0]), 0) + 1
-        rej = store.read_kind("rejects", ["source", "line"])
-        return cls(
-            done=set(data.column("key").to_pylist()),
-            failed=set(store.read_kind("failures", ["key"]).column("key").to_pylist()),
-            rejected={f"{s}:{n}" for s, n in zip(rej.column("source").to_pylist(),
-                                                 rej.column("line").to_pylist())},
-            first_budgets=budgets)
+        done = dict(zip(data.column("key").to_pylist(), data.column("prompt_hash").to_pylist()))
+        rej = read_columns(store, "rejects", ["source", "line", "reject_id"])
+        reject_ids = [i or f"{s}:{n}" for i, s, n in zip(*(rej.column(c).to_pylist() for c in (
+            "reject_id", "source", "line")))]
+        failed = read_columns(store, "failures", ["key"]).column("key").to_pylist()
+        return cls(prior=PriorRun.of(done, failed, reject_ids), first_budgets=budgets)
+
+
+def read_columns(store: RunStore, kind: str, columns: list[str]) -> pa.Table:
+    """Some columns of every part of a kind; a column a part predates reads as nulls."""
+    import pyarrow.parquet as pq
+
+    from jobs.schema import KINDS
+    schema = pa.schema([KINDS[kind].field(c) for c in columns])
+    tables = []
+    for path in store.part_paths(kind):
+        with store.root.fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            have = [c for c in columns if c in pf.schema_arrow.names]
+            t = pf.read(columns=have)
+        for c in columns:
+            if c not in have:
+                t = t.append_column(schema.field(c), pa.nulls(t.num_rows, schema.field(c).type))
+        tables.append(t.select(columns).cast(schema))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def check_settings(state: RunState, settings_hash: str, budget: int, run: str) -> None:
@@ -141,7 +163,6 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
     import ray
 
     from jobs import continuation, pipeline
-    from jobs.ledger import KeyLedger
     from jobs.sources import count_rows
     from serve_apps.app import deploy_or_attach
 
@@ -149,7 +170,8 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
     inputs = input_locations(cfg)
     ctx = pipeline.stage_context(cfg)
     state = RunState.read(store)
-    total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+    if check_context or continue_truncated:
+        total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
     if check_context:
         from jobs.context_check import check_context as run_check, describe
         _init_ray(stop_exc)
@@ -165,12 +187,33 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         return _execute(cfg, store, total, stop_exc,
                         lambda: continuation.build(cfg, store, wanted, target), cleanup=None)
     check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name)
+    admission = admit(cfg, store, inputs, state, retry_failed)
     _init_ray(stop_exc)
     deploy_or_attach(cfg.engine, cfg.serve)
-    ledger = KeyLedger.remote(state.done, state.failed, state.rejected, retry_failed)
-    return _execute(cfg, store, total, stop_exc,
-                    lambda: pipeline.build(cfg, inputs, ledger, store.uri),
-                    cleanup=lambda: ray.kill(ledger))
+    table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
+    return _execute(cfg, store, admission.total, stop_exc,
+                    lambda: pipeline.build(cfg, inputs, table, store.uri), cleanup=None)
+
+
+def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,
+          retry_failed: bool) -> "Admission":
+    """The driver's admission pass (jobs/admission.py); records the input fingerprints
+    in <run>/inputs.json and says what changed since the last session."""
+    import time
+
+    from jobs.admission import admit_inputs, describe_changes, reject_writer
+    from jobs.storage import write_json_atomic
+    started = time.monotonic()
+    admission = admit_inputs(inputs, state.prior, retry_failed, reject_writer(store),
+                             cfg.job.limit)
+    for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
+        logger.warning("%s", line)
+    write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
+    logger.info("admission: %d input rows, %d distinct valid keys, %d to generate, %d rejects "
+                "(%d new), table %d bytes, %.1f s", admission.total, admission.valid_keys,
+                len(admission.table), admission.rejects, admission.new_rejects,
+                admission.table.nbytes, time.monotonic() - started)
+    return admission
 
 
 def _classify_failure(exc: BaseException, stop_exc: type) -> tuple[str, Optional[str]]:

@@ -45,6 +45,7 @@ DATA = pa.schema([
     ("sampling", pa.string()),           # JSON of the sampling params sent
     ("settings_hash", pa.string()),      # hash of model + sampling + chat format
     ("created_at", TIMESTAMP),
+    ("prompt_hash", pa.string()),        # hash of the canonical prompt (edits under an id)
 ])
 
 FAILURES = pa.schema([
@@ -61,6 +62,7 @@ REJECTS = pa.schema([
     ("source", pa.string()), ("line", pa.int64()),
     ("key", pa.string()), ("id", pa.string()),
     ("reason", pa.string()), ("raw", pa.string()), ("rejected_at", TIMESTAMP),
+    ("reject_id", pa.string()),  # content identity: the same bad line is one reject
 ])
 
 KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}

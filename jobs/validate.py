@@ -1,12 +1,18 @@
 """Validate raw prompt rows and give each a stable key (stage 2 of the job).
 
-Row contract: reads ``source, line, raw``; adds ``key, id, category, messages, tools``
-(messages/tools re-serialised as canonical JSON) and ``reject_reason`` (None when
-valid). Invalid rows are not dropped: they flow on and are written to rejects/ with
-their line and the reason, naming the offending field.
+Row contract: reads ``source, line, ordinal, raw``; adds ``key, id, category, messages,
+tools, prompt_hash`` (messages/tools re-serialised as canonical JSON) and
+``reject_reason`` (None when valid). The driver's admission pass (jobs/admission.py)
+uses the same ``parse_row`` and writes the rejects; the admit filter drops them here.
 
-Key: the input ``id`` (any string; it is data, never a path) or, without one, a hash of
-the canonical prompt (messages + tools), so reruns find the same key.
+Key rule (README "Row keys"): a string ``id`` is the key as is (it is data, never a
+path); an integer ``id`` n is the key ``int:n`` (so ``1`` and ``"1"`` never collide);
+without an id the key is ``sha256:`` + a hash of the canonical prompt (messages +
+tools). Canonical means keys sorted and null-valued fields dropped, so a prompt keeps
+its key when re-exported (explicit nulls vs absent keys, key order, JSONL vs Parquet).
+String ids starting with a reserved prefix (``int:``, ``sha256:``) are rejected: they
+could collide with a generated key. ``prompt_hash`` hashes the canonical prompt of every
+valid row (with or without id) so a resume can tell a prompt edited under its id.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import pyarrow as pa
 
 ROLES = ("system", "user", "assistant", "tool")
 VALIDATED = pa.schema([
-    ("source", pa.string()), ("line", pa.int64()), ("raw", pa.string()),
-    ("key", pa.string()), ("id", pa.string()), ("category", pa.string()),
-    ("messages", pa.string()), ("tools", pa.string()), ("reject_reason", pa.string()),
+    ("source", pa.string()), ("line", pa.int64()), ("ordinal", pa.int64()),
+    ("raw", pa.string()), ("key", pa.string()), ("id", pa.string()), ("category", pa.string()),
+    ("messages", pa.string()), ("tools", pa.string()), ("prompt_hash", pa.string()),
+    ("reject_reason", pa.string()),
 ])
+RESERVED_PREFIXES = ("int:", "sha256:")
 
 
 class RowError(ValueError):
@@ -33,8 +41,19 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
+def drop_nulls(value: Any) -> Any:
+    """The same prompt whether an exporter wrote ``"name": null`` or left the key out."""
+    if isinstance(value, dict):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
+
+
 def prompt_key(messages: list[dict], tools: Optional[list[dict]]) -> str:
-    digest = hashlib.sha256(canonical_json({"messages": messages, "tools": tools}).encode())
+    """Hash of the canonical prompt: the key of a row without id, and its prompt_hash."""
+    canonical = {"messages": drop_nulls(messages), "tools": drop_nulls(tools) or None}
+    digest = hashlib.sha256(canonical_json(canonical).encode())
     return "sha256:" + digest.hexdigest()[:32]
 
 
@@ -56,20 +75,26 @@ def _check_message(i: int, msg: Any) -> None:
         raise RowError(f"{where}.content must be a string, got {type(content).__name__}")
 
 
-def _check_id(row: dict) -> Optional[str]:
+def _check_id(row: dict) -> tuple[Optional[str], Optional[str]]:
+    """(id as text, key) from the row's id; (None, None) when it has none."""
     if "id" not in row or row["id"] is None:
-        return None
+        return None, None
     value = row["id"]
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise RowError(f"id must be a string or integer, got {type(value).__name__}")
-    value = str(value)
+    if isinstance(value, int):
+        return str(value), f"int:{value}"  # typed: id 1 and id "1" are different rows
     if not value.strip():
         raise RowError("id is empty")
-    return value
+    if value.startswith(RESERVED_PREFIXES):
+        raise RowError(f"id {value[:80]!r} starts with a reserved prefix "
+                       f"({' or '.join(RESERVED_PREFIXES)}): it could collide with a "
+                       f"generated key; rename it")
+    return value, value
 
 
 def parse_row(raw: str) -> dict[str, Any]:
-    """raw line -> {key, id, category, messages, tools}; raises RowError."""
+    """raw line -> {key, id, category, messages, tools, prompt_hash}; raises RowError."""
     try:
         row = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -95,24 +120,27 @@ def parse_row(raw: str) -> dict[str, Any]:
     category = row.get("category")
     if category is not None and not isinstance(category, str):
         raise RowError(f"category must be a string, got {type(category).__name__}")
-    row_id = _check_id(row)
-    return {"key": row_id if row_id is not None else prompt_key(messages, tools or None),
+    row_id, key = _check_id(row)
+    phash = prompt_key(messages, tools or None)
+    return {"key": key if key is not None else phash,
             "id": row_id, "category": category or "none",
-            "messages": canonical_json(messages),
-            "tools": canonical_json(tools) if tools else None}
+            "messages": canonical_json(messages),  # as given: the engine sees the export's fields
+            "tools": canonical_json(tools) if tools else None,
+            "prompt_hash": phash}
 
 
 def validate_batch(batch: pa.Table) -> pa.Table:
     cols: dict[str, list] = {name: [] for name in VALIDATED.names}
-    for source, line, raw in zip(*(batch.column(c).to_pylist()
-                                   for c in ("source", "line", "raw"))):
+    for source, line, ordinal, raw in zip(*(batch.column(c).to_pylist()
+                                            for c in ("source", "line", "ordinal", "raw"))):
         try:
             parsed, reason = parse_row(raw), None
         except RowError as exc:
             parsed, reason = {}, str(exc)
-        for name, value in (("source", source), ("line", line), ("raw", raw),
+        for name, value in (("source", source), ("line", line), ("ordinal", ordinal),
+                            ("raw", raw),
                             ("reject_reason", reason)):
             cols[name].append(value)
-        for name in ("key", "id", "category", "messages", "tools"):
+        for name in ("key", "id", "category", "messages", "tools", "prompt_hash"):
             cols[name].append(parsed.get(name))
     return pa.table(cols, schema=VALIDATED)

@@ -156,10 +156,14 @@ def test_blocks_respect_limit_and_block_size(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("".join(f'{{"i":{i}}}\n\n' for i in range(10)))
     loc = locate(str(path), STORAGE)
-    blocks = list(_blocks(loc, limit=7, block_rows=3))
+    blocks = list(_blocks(loc, 2, limit=7, block_rows=3))
     assert [b.num_rows for b in blocks] == [3, 3, 1]
     table = pa.concat_tables(blocks)
     assert table.column("line").to_pylist() == [1, 3, 5, 7, 9, 11, 13]
+    # ordinal: file index 2 in job.input, then the line: sorts rows in input order
+    assert table.column("ordinal").to_pylist() == [(2 << 40) | n for n in
+                                                   [1, 3, 5, 7, 9, 11, 13]]
+    assert sources.place_of_ordinal(["a", "b", "c"], (2 << 40) | 13) == "c:13"
     assert set(table.column("source").to_pylist()) == {str(path)}
     assert table.schema == sources.RAW_SCHEMA
 

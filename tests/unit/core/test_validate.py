@@ -136,9 +136,31 @@ def test_id_is_data_not_a_path():
     assert out["id"] == "../../etc/passwd"
 
 
-def test_integer_id_becomes_string_key():
+def test_integer_id_is_a_typed_key():
+    # id 17 and id "17" are different rows: the integer's key is tagged
     out = parse_row(row(id=17))
-    assert out["key"] == "17" and out["id"] == "17"
+    assert out["key"] == "int:17" and out["id"] == "17"
+    assert parse_row(row(id="17"))["key"] == "17"
+
+
+@pytest.mark.parametrize("value", ["int:17", "sha256:1e310e19a25fc41952488207bc9bcf22"])
+def test_string_id_with_a_reserved_prefix_is_rejected(value):
+    assert f"id {value!r} starts with a reserved prefix" in reason(row(id=value))
+
+
+def test_key_ignores_null_fields_and_key_order():
+    # what a Parquet export adds (every struct field, null when unset) changes nothing
+    plain = parse_row(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    nulls = parse_row(json.dumps({"tools": None, "messages": [
+        {"content": "hi", "role": "user", "name": None, "tool_calls": None}], "id": None}))
+    assert plain["key"] == nulls["key"] == plain["prompt_hash"] == nulls["prompt_hash"]
+
+
+def test_prompt_hash_is_set_with_an_id_too_and_follows_the_prompt():
+    a, b = parse_row(row(id="k")), parse_row(row(id="k", messages=[
+        {"role": "user", "content": "edited"}]))
+    assert a["key"] == b["key"] == "k"
+    assert a["prompt_hash"].startswith("sha256:") and a["prompt_hash"] != b["prompt_hash"]
 
 
 def test_null_id_means_hash_key():
@@ -194,7 +216,8 @@ def test_non_ascii_kept_in_canonical_json():
 
 def test_validate_batch_keeps_place_and_marks_only_bad_rows():
     raws = [row(id="a"), "{broken", row(messages=[]), row()]
-    batch = pa.table({"source": ["s3://b/p.jsonl"] * 4, "line": [1, 2, 5, 9], "raw": raws})
+    batch = pa.table({"source": ["s3://b/p.jsonl"] * 4, "line": [1, 2, 5, 9],
+                      "ordinal": [1, 2, 5, 9], "raw": raws})
     out = validate_batch(batch)
     assert out.schema == VALIDATED
     rows = out.to_pylist()
@@ -211,6 +234,6 @@ def test_validate_batch_keeps_place_and_marks_only_bad_rows():
 
 def test_validate_batch_empty():
     batch = pa.table({"source": pa.array([], pa.string()), "line": pa.array([], pa.int64()),
-                      "raw": pa.array([], pa.string())})
+                      "ordinal": pa.array([], pa.int64()), "raw": pa.array([], pa.string())})
     out = validate_batch(batch)
     assert out.num_rows == 0 and out.schema == VALIDATED
