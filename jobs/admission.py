@@ -74,6 +74,8 @@ class AdmissionTable:
         return len(self.digests)
 
     def admits(self, digests: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+        if not len(self.digests):  # a resume with nothing left to do
+            return np.zeros(len(digests), bool)
         found, pos = sorted_contains(self.digests, digests)
         return found & (self.ordinals[pos] == ordinals)
 

@@ -166,15 +166,20 @@ def test_malformed_rows_are_rejected_and_valid_rows_complete(ray_cluster, s3_end
     assert summary.status == "succeeded"
     _assert_exactly_once(tree, 30)
     rejects = read(tree, "rejects").sort_values("line")
-    assert list(rejects.line) == list(range(31, 31 + len(bad)))
+    assert list(rejects.line) == list(range(31, 30 + len(bad)))
     expected = ["not valid JSON", "must be a JSON object", "missing 'messages'",
                 "'messages' is empty", "messages[0].role 'bot'", "messages[0].content must be",
-                "id must be a string", "duplicate id 'p00003'", "context_overflow"]
+                "id must be a string", "duplicate id 'p00003': first seen at"]
     for reason, want in zip(rejects.reason, expected):
         assert want in reason, (want, reason)
-    assert summary.progress["rejected"] == len(bad)
+    assert rejects.reject_id.is_unique
+    # too long for the context: a failure (not a reject), so --retry-failed can resend it
+    failures = read(tree, "failures")
+    assert list(failures.key) == ["too-long"]
+    assert failures.error_class[0] == "context_overflow"
+    assert summary.progress["rejected"] == len(bad) - 1 and summary.progress["failed"] == 1
     again = run(tree)  # rejects are not redone or duplicated on resume
-    assert again.progress["session_rows"] == 0 and len(read(tree, "rejects")) == len(bad)
+    assert again.progress["session_rows"] == 0 and len(read(tree, "rejects")) == len(bad) - 1
 
 
 def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp_path):

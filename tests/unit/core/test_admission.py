@@ -158,6 +158,11 @@ def test_admit_batch_keeps_exactly_the_chosen_rows_every_time(tmp_path):
     assert admit_batch(batch, result.table).equals(out)  # a re-executed task: same rows
 
 
+def test_admit_batch_with_an_empty_table_keeps_nothing():
+    empty = AdmissionTable(np.empty(0, np.uint64), np.empty(0, np.int64))
+    assert admit_batch(_validated([("a", 1, line("k"))]), empty).num_rows == 0
+
+
 def test_admit_batch_fetches_the_table_from_an_object_ref(monkeypatch):
     table = AdmissionTable(np.array([key_digest("k")], np.uint64), np.array([1], np.int64))
 
