@@ -67,3 +67,14 @@ def set_faults(urls: list[str], **faults: Any) -> None:
 
 
 CLEAR_FAULTS = {"error_rate": 0.0, "slow_rate": 0.0, "error_status": 500}
+
+
+def assert_run_exact(tree: dict, keys, bad_lines=()) -> None:
+    """The run is exact: every expected key in data/ exactly once (per version), every
+    part readable, rejects/ holds exactly ``bad_lines`` (each once), no open failures.
+    ``keys``: the keys of every valid prompt; ``bad_lines``: the raw text of every line
+    that must be a reject (invalid rows, later duplicates)."""
+    from bench.chaos import exactness
+    report = exactness(store_of(tree), keys, bad_lines)
+    problems = {k: (v[:10] if isinstance(v, list) else v) for k, v in report.items() if v}
+    assert not problems, f"run {tree['job']['run_name']} is not exact: {problems}"
