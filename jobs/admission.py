@@ -81,31 +81,55 @@ class AdmissionTable:
 
 
 class SeenKeys:
-    """First occurrence of every valid key so far: sorted digests, ordinals, counts."""
+    """First occurrence of every valid key so far: digest, ordinal, occurrence count.
+
+    Kept as a few sorted runs whose sizes at least double from newest to oldest (merged
+    like a binary counter), so adding n keys in chunks costs O(n log n) in total, not
+    the O(n^2) of inserting every chunk into one sorted array (157 s at 10M keys)."""
 
     def __init__(self) -> None:
-        self.digests = np.empty(0, np.uint64)
-        self.ordinals = np.empty(0, np.int64)
-        self.counts = np.empty(0, np.uint32)
+        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     @property
     def nbytes(self) -> int:
-        return int(self.digests.nbytes + self.ordinals.nbytes + self.counts.nbytes)
+        return int(sum(d.nbytes + o.nbytes + c.nbytes for d, o, c in self.runs))
+
+    def contains(self, digests: np.ndarray) -> np.ndarray:
+        found = np.zeros(len(digests), bool)
+        for run, _, _ in self.runs:
+            found |= sorted_contains(run, digests)[0]
+        return found
 
     def add_new(self, digests: np.ndarray, ordinals: np.ndarray) -> None:
-        """Merge keys not seen before (unique, any order) into the sorted arrays."""
-        order = np.argsort(digests, kind="stable")
-        digests, ordinals = digests[order], ordinals[order]
-        at = np.searchsorted(self.digests, digests)
-        self.digests = np.insert(self.digests, at, digests)
-        self.ordinals = np.insert(self.ordinals, at, ordinals)
-        self.counts = np.insert(self.counts, at, np.ones(len(digests), np.uint32))
+        """Add keys not seen before (unique, any order)."""
+        run = _sorted_run(digests, ordinals, np.ones(len(digests), np.uint32))
+        while self.runs and len(self.runs[-1][0]) <= 2 * len(run[0]):
+            older = self.runs.pop()
+            run = _sorted_run(*(np.concatenate([a, b]) for a, b in zip(older, run)))
+        self.runs.append(run)
 
     def bump(self, digest: int) -> tuple[int, int]:
         """Count one more occurrence of a seen key: (its rank, first ordinal)."""
-        pos = int(np.searchsorted(self.digests, np.uint64(digest)))
-        self.counts[pos] += 1
-        return int(self.counts[pos]), int(self.ordinals[pos])
+        needle = np.array([digest], np.uint64)
+        for run, ordinals, counts in self.runs:
+            found, pos = sorted_contains(run, needle)
+            if found[0]:
+                counts[pos[0]] += 1
+                return int(counts[pos[0]]), int(ordinals[pos[0]])
+        raise KeyError(digest)
+
+    def merged(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted digests, their first ordinals) of every key seen."""
+        if not self.runs:
+            return np.empty(0, np.uint64), np.empty(0, np.int64)
+        digests, ordinals, _ = _sorted_run(*(np.concatenate(cols) for cols in zip(*self.runs)))
+        return digests, ordinals
+
+
+def _sorted_run(digests: np.ndarray, ordinals: np.ndarray,
+                counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.argsort(digests, kind="stable")  # radix sort for uint64: O(n)
+    return digests[order], ordinals[order], counts[order]
 
 
 @dataclass
@@ -199,7 +223,7 @@ class _Pass:
             return
         ordinals = np.fromiter((r[0] for r in self.chunk), np.int64, len(self.chunk))
         digests = digests_of(r[1] for r in self.chunk)
-        known, _ = sorted_contains(self.seen.digests, digests)
+        known = self.seen.contains(digests)
         _, first = np.unique(digests, return_index=True)  # first index of each digest
         is_new = np.zeros(len(digests), bool)
         is_new[first] = True
@@ -252,17 +276,19 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
                        "rows": rows, "sha256": hasher.hexdigest() if complete else None})
     state.flush()
     state.write_pending()
-    seen = state.seen
-    in_done, _ = sorted_contains(prior.done, seen.digests)
-    in_failed, _ = sorted_contains(prior.failed, seen.digests)
+    seen_bytes = state.seen.nbytes
+    digests, ordinals = state.seen.merged()
+    state.seen = None  # free the pass's arrays before the table is built
+    in_done, _ = sorted_contains(prior.done, digests)
+    in_failed, _ = sorted_contains(prior.failed, digests)
     go = ~in_done & (in_failed if retry_failed else ~in_failed)
     removed = 0 if limit is not None else len(prior.done) - int(
-        sorted_contains(seen.digests, prior.done)[0].sum())
+        sorted_contains(digests, prior.done)[0].sum())
     return Admission(
-        table=AdmissionTable(seen.digests[go].copy(), seen.ordinals[go].copy()),
-        total=total, valid_keys=len(seen.digests), rejects=state.rejects,
+        table=AdmissionTable(digests[go], ordinals[go]),
+        total=total, valid_keys=len(digests), rejects=state.rejects,
         new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,
-        edited_examples=state.edited_examples, removed=removed, seen_bytes=seen.nbytes)
+        edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes)
 
 
 def rejects_table(records: list[dict[str, Any]]) -> pa.Table:

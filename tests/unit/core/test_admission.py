@@ -200,3 +200,19 @@ def test_integer_and_string_ids_never_collide_silently(tmp_path, ids):
     # either two distinct keys or a reject that names the reason: never a silent merge
     assert len(result.table) + len(rejects) == 2
     assert not any(r["reason"].startswith("duplicate") for r in rejects)
+
+
+def test_seen_keys_stay_few_sorted_runs_and_find_every_key():
+    from jobs.admission import SeenKeys
+    seen = SeenKeys()
+    rng = np.random.default_rng(0)
+    all_digests = rng.permutation(np.arange(1, 5001, dtype=np.uint64))
+    for start in range(0, 5000, 100):
+        chunk = all_digests[start:start + 100]
+        seen.add_new(chunk, chunk.astype(np.int64) * 10)
+    assert len(seen.runs) <= 8  # a binary counter of runs, not one per chunk
+    assert all(np.all(np.diff(run) > 0) for run, _, _ in seen.runs)
+    assert seen.contains(np.array([1, 5000, 5001], np.uint64)).tolist() == [True, True, False]
+    assert seen.bump(42) == (2, 420) and seen.bump(42) == (3, 420)
+    digests, ordinals = seen.merged()
+    assert digests.tolist() == list(range(1, 5001)) and ordinals[41] == 420
