@@ -54,15 +54,21 @@ def _title(proc: psutil.Process) -> str:
         return ""
 
 
-def data_plane_workers(root_pid: int) -> list[tuple[int, str]]:
-    """(pid, process title) of the data plane's Ray workers of the cluster under root_pid."""
+def data_plane_workers(root_pid: int, stages: tuple[str, ...] = DATA_PLANE
+                       ) -> list[tuple[int, str]]:
+    """(pid, process title) of the data plane's Ray workers of the cluster under root_pid
+    (those running one of ``stages``)."""
     out = []
     for raylet in cluster_raylets(root_pid):
         for proc in raylet.children(recursive=True):
             title = _title(proc)
-            if title.startswith("ray::") and any(m in title for m in DATA_PLANE):
+            if title.startswith("ray::") and any(m in title for m in stages):
                 out.append((proc.pid, title))
     return out
+
+
+def _stage(title: str) -> str:
+    return next(m for m in DATA_PLANE if m in title)
 
 
 @dataclass
@@ -73,6 +79,7 @@ class Killer:
     rng: random.Random
     budget: int
     interval_s: tuple[float, float] = (1.0, 3.0)
+    stages: tuple[str, ...] = DATA_PLANE
     killed: list[str] = field(default_factory=list)
 
     def run(self, proc: subprocess.Popen) -> None:
@@ -80,10 +87,17 @@ class Killer:
             deadline = time.monotonic() + self.rng.uniform(*self.interval_s)
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.05)
-            workers = data_plane_workers(self.root_pid)
-            if not workers or proc.poll() is not None:
-                continue
-            pid, title = self.rng.choice(sorted(workers))
+            workers = []
+            while not workers and proc.poll() is None:  # until one of the stages runs
+                workers = data_plane_workers(self.root_pid, self.stages)
+                time.sleep(0 if workers else 0.1)
+            if not workers:
+                break
+            # a stage first, then one of its workers: short-lived write and validate
+            # tasks get killed as often as the long-lived generate actors
+            stages = sorted({_stage(t) for _, t in workers})
+            stage = self.rng.choice(stages)
+            pid, title = self.rng.choice(sorted(w for w in workers if _stage(w[1]) == stage))
             try:
                 os.kill(pid, signal.SIGKILL)
                 self.killed.append(title.split()[0])
@@ -93,7 +107,8 @@ class Killer:
 
 def chaos_trial(cfg_path: Path, root_pid: int, seed: int, kills: int,
                 max_attempts: int = 6, timeout_s: float = 600, kill_attempts: int = 2,
-                log_dir: Optional[Path] = None) -> dict[str, Any]:
+                log_dir: Optional[Path] = None, stages: tuple[str, ...] = DATA_PLANE,
+                interval_s: tuple[float, float] = (1.0, 3.0)) -> dict[str, Any]:
     """Run ``jobs.generate`` on cfg_path, killing workers during the first attempts,
     and rerun until it exits 0. Returns kills, attempts and exit codes."""
     rng = random.Random(seed)
@@ -102,7 +117,8 @@ def chaos_trial(cfg_path: Path, root_pid: int, seed: int, kills: int,
     for attempt in range(max_attempts):
         log = open(log_dir / f"chaos-{seed}-{attempt}.log", "w") if log_dir else subprocess.DEVNULL
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        killer = Killer(root_pid, rng, kills - len(killed) if attempt < kill_attempts else 0)
+        killer = Killer(root_pid, rng, kills - len(killed) if attempt < kill_attempts else 0,
+                        interval_s, stages)
         thread = threading.Thread(target=killer.run, args=(proc,), daemon=True)
         thread.start()
         codes.append(proc.wait(timeout=timeout_s))
@@ -179,6 +195,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first trial's seed")
     parser.add_argument("--time-scale", type=float, default=0.01,
                         help="simulator time scale (larger = slower engines, longer runs)")
+    parser.add_argument("--stages", default=",".join(DATA_PLANE),
+                        help="comma-separated stages whose workers may be killed "
+                        f"(default: all of {','.join(DATA_PLANE)})")
+    parser.add_argument("--interval", type=float, nargs=2, default=(1.0, 3.0),
+                        metavar=("MIN_S", "MAX_S"), help="seconds between kills")
     parser.add_argument("--work-dir", default="/tmp/raygen-chaos")
     args = parser.parse_args(argv)
 
@@ -211,7 +232,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                 endpoint, args.time_scale)
             cfg = work / f"chaos-{seed}.yaml"
             cfg.write_text(yaml.safe_dump(tree))
-            result = chaos_trial(cfg, os.getpid(), seed, args.kills, log_dir=work)
+            result = chaos_trial(cfg, os.getpid(), seed, args.kills, log_dir=work,
+                                 stages=tuple(args.stages.split(",")),
+                                 interval_s=tuple(args.interval))
             store = RunStore.for_run(tree["job"]["output"], tree["job"]["run_name"],
                                      StorageConfig(**tree["storage"]))
             report = exactness(store, keys, bad)
