@@ -61,9 +61,19 @@ class Holder:
         return f"job {self.job_id} on {self.host} (pid {self.pid}) since {self.since}"
 
 
+def submission_id() -> Optional[str]:
+    """The Ray job submission id when run by `ray job submit` (Ray's job supervisor
+    hands the driver its job config, whose metadata holds it, in this variable)."""
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    except ValueError:
+        return None
+    return (config.get("metadata") or {}).get("job_submission_id")
+
+
 def this_driver() -> Holder:
     pid = os.getpid()
-    job_id = os.environ.get("RAY_JOB_SUBMISSION_ID") or f"driver-{pid}"
+    job_id = submission_id() or f"driver-{pid}"
     return Holder(job_id=job_id, host=socket.gethostname(), pid=pid,
                   since=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   renewed_at=time.time(), token=uuid.uuid4().hex)

@@ -198,39 +198,34 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     inputs = input_locations(cfg)
     ctx = pipeline.stage_context(cfg)
-    state = RunState.read(store)
-    total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
     if check_context:
         from jobs.context_check import check_context as run_check, describe
         _init_ray(stop_exc)
         handle = deploy_or_attach(cfg.engine, cfg.serve)
         report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
         return Summary("succeeded", report, describe(report))
-    if continue_truncated:
-        target = continuation.check_total(cfg, max_total_tokens)
-        wanted = continuation.to_continue(store, target, ctx["settings_hash"])
-        logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
+    lease = take_lease(store, cfg)  # before the run's state is read or anything written
+    try:
+        state = RunState.read(store)
+        total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+        if continue_truncated:
+            target = continuation.check_total(cfg, max_total_tokens)
+            wanted = continuation.to_continue(store, target, ctx["settings_hash"])
+            logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
+            build, cleanup, expect_all = (
+                lambda: continuation.build(cfg, store, wanted, target)), None, False
+        else:
+            check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens,
+                           cfg.job.run_name, ctx["legacy_settings_hash"])
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
-        lease = take_lease(store, cfg)
-        try:
-            deploy_or_attach(cfg.engine, cfg.serve)
-            return _execute(cfg, store, total, stop_exc,
-                            lambda: continuation.build(cfg, store, wanted, target),
-                            cleanup=None, lease=lease, expect_all=False)
-        finally:
-            lease.release()
-    check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name,
-                   ctx["legacy_settings_hash"])
-    _init_ray(stop_exc)
-    check_output_reachable(store, cfg)
-    lease = take_lease(store, cfg)  # before anything is written to the run
-    try:
         deploy_or_attach(cfg.engine, cfg.serve)
-        ledger = KeyLedger.remote(state.done, state.failed, state.rejected, retry_failed)
-        return _execute(cfg, store, total, stop_exc,
-                        lambda: pipeline.build(cfg, inputs, ledger, store.uri),
-                        cleanup=lambda: ray.kill(ledger), lease=lease, expect_all=True)
+        if not continue_truncated:
+            ledger = KeyLedger.remote(state.done, state.failed, state.rejected, retry_failed)
+            build, cleanup, expect_all = (lambda: pipeline.build(cfg, inputs, ledger, store.uri),
+                                          lambda: ray.kill(ledger), True)
+        return _execute(cfg, store, total, stop_exc, build, cleanup=cleanup, lease=lease,
+                        expect_all=expect_all)
     finally:
         lease.release()
 

@@ -65,3 +65,12 @@ def test_renewal_keeps_the_lease_and_a_lost_lease_is_noticed(store, monkeypatch)
     assert interrupted and "taken over" in lease.lost  # the driver is told to stop
     lease.release()
     assert read_holder(store).token == "other"  # and never deletes the taker's lease
+
+
+def test_holder_is_named_by_the_ray_job_submission_id(monkeypatch):
+    from jobs.lease import this_driver
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(
+        {"runtime_env": {}, "metadata": {"job_submission_id": "raysubmit_abc"}}))
+    assert this_driver().job_id == "raysubmit_abc"
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    assert this_driver().job_id.startswith("driver-")
