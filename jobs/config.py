@@ -55,6 +55,10 @@ class BreakerConfig(StrictModel):
     max_failure_fraction: float = Field(
         0.5, gt=0, le=1, description="Engine-class failures above this fraction of the window "
         "stop the job: the fleet is down, do not turn the dataset into failures.")
+    max_same_error_fraction: float = Field(
+        0.8, gt=0, le=1, description="One non-transient error class (e.g. a 400 for an unknown "
+        "sampling key, a 404 for a wrong endpoint, a replica bug) above this fraction of the "
+        "window stops the job as failed: the run is misconfigured.")
 
     @model_validator(mode="after")
     def _window_holds_min_rows(self) -> "BreakerConfig":
@@ -97,6 +101,10 @@ class JobConfig(StrictModel):
     retries: RetryConfig = Field(default_factory=RetryConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     progress_interval_s: float = Field(5.0, gt=0)
+    lease_timeout_s: float = Field(
+        120.0, gt=0, description="One job per run: the driver renews <run>/lease.json every "
+        "third of this; a lease not renewed for this long (driver killed) is taken over by "
+        "the next job on the run.")
     metrics_linger_s: float = Field(
         10.0, ge=0, description="Seconds the driver stays up after the run so Prometheus "
         "scrapes the final gauges (job_running=0) before they disappear.")
@@ -121,6 +129,13 @@ class StorageConfig(StrictModel):
         None, description="S3-compatible endpoint (MinIO, moto); None = AWS. Credentials come "
         "from the AWS environment/credential chain, never from this file.")
     region: str = Field("us-east-1")
+    s3_retry_max_attempts: int = Field(
+        12, ge=1, description="Tries per S3 request (connection errors, 5xx, throttling); the "
+        "SDK's backoff doubles from 25 ms, so 12 ride out an outage of ~100 s.")
+    shared_local_output: bool = Field(
+        False, description="Set true when a local job.output path is a filesystem every "
+        "node mounts (NFS, Lustre); on a multi-node cluster a local path is refused "
+        "otherwise, since each node would write its own copy of the run.")
 
 
 def rows_per_replica(rows_in_flight: int, replicas: int) -> int:

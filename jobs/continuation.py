@@ -35,15 +35,36 @@ def latest_versions(store: RunStore) -> pa.Table:
     return t.filter(pa.array(first))
 
 
-def to_continue(store: RunStore, total: int) -> set[str]:
+def to_continue(store: RunStore, total: int, settings_hash: Optional[str] = None) -> set[str]:
+    """key#version of every row to continue; refuses rows made under other settings
+    (continuing them with this config's sampling/template would splice two outputs)."""
     latest = latest_versions(store)
     if not latest.num_rows:
         return set()
     mask = pc.and_(pc.equal(latest.column("finish_reason"), "length"),
                    pc.less(latest.column("completion_tokens"), total))
     chosen = latest.filter(mask)
-    return {f"{k}#{v}" for k, v in zip(chosen.column("key").to_pylist(),
-                                       chosen.column("version").to_pylist())}
+    wanted = {f"{k}#{v}" for k, v in zip(chosen.column("key").to_pylist(),
+                                         chosen.column("version").to_pylist())}
+    if settings_hash is not None and wanted:
+        check_settings_of(store, wanted, settings_hash)
+    return wanted
+
+
+def check_settings_of(store: RunStore, wanted: set[str], settings_hash: str) -> None:
+    from jobs.run import RunError
+    t = store.read_kind("data", ["key", "version", "settings_hash"])
+    other: dict[str, int] = {}
+    for k, v, h in zip(*(c.to_pylist() for c in t.columns)):
+        if f"{k}#{v}" in wanted and h != settings_hash:
+            other[h] = other.get(h, 0) + 1
+    if other:
+        hashes = ", ".join(f"{h} ({n} rows)" for h, n in sorted(other.items()))
+        raise RunError(
+            f"{sum(other.values())} truncated rows were generated with other settings "
+            f"({hashes}) than this config ({settings_hash}: model, sampling, chat template, "
+            f"reasoning parser, think token, engine args, context policy). Continuing them "
+            f"would splice outputs of two settings; continue with the config that made them.")
 
 
 def _select(batch: pa.Table, wanted: set[str]) -> pa.Table:

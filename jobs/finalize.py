@@ -1,6 +1,7 @@
 """Finalize a run: exactly one row per prompt, with a manifest that marks completion.
 
-    python -m jobs.finalize <run> [--config FILE] [--force] [--rows-per-file N]
+    python -m jobs.finalize <run> [--config FILE] [--force] [--allow-partial]
+                            [--rows-per-file N]
 
 writes <run>/final/part-00000.parquet ... and <run>/final/manifest.json.
 
@@ -18,6 +19,11 @@ Design decisions:
   A final/ without manifest.json is incomplete; readers use the manifest's file list.
 - A run whose progress.json says "running" is refused unless --force: finalizing
   while the driver still writes would miss rows and mislead.
+- ``complete: true`` means every prompt of the run has its row: the last job
+  succeeded, no prompt is without a result and no failure is open. Anything else is
+  refused unless --allow-partial, which writes ``complete: false`` and a ``missing``
+  entry (status, prompts without a result, open failures) so no reader mistakes a
+  partial dataset for the whole one.
 """
 
 from __future__ import annotations
@@ -115,12 +121,26 @@ def _counts(series: pd.Series) -> dict[str, int]:
     return {str(k): int(v) for k, v in sorted(Counter(series.astype(str)).items())}
 
 
+def missing_parts(store: RunStore, winners: pd.DataFrame) -> dict[str, Any]:
+    """What keeps the run from being complete ({} when nothing does)."""
+    progress = store.read_json("progress.json") or {}
+    failed = set(store.read_kind("failures", ["key"]).column("key").to_pylist())
+    missing = {"status": progress.get("status", "unknown"),
+               "prompts_without_result": int(progress.get("remaining") or 0),
+               "open_failures": len(failed - set(winners["key"]))}
+    if (missing["status"] == "succeeded" and not missing["prompts_without_result"]
+            and not missing["open_failures"]):
+        return {}
+    return missing
+
+
 def build_manifest(store: RunStore, picks: Picks, files: list[dict[str, Any]],
-                   rows_per_file: int) -> dict[str, Any]:
+                   rows_per_file: int, missing: dict[str, Any]) -> dict[str, Any]:
     winners = picks.winners
     failed = set(store.read_kind("failures", ["key"]).column("key").to_pylist())
     return {
-        "run": store.uri, "complete": True, "schema": "jobs.schema.DATA",
+        "run": store.uri, "complete": not missing, "missing": missing or None,
+        "schema": "jobs.schema.DATA",
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "row_count": int(sum(f["rows"] for f in files)), "rows_per_file": rows_per_file,
         "files": files,
@@ -148,13 +168,21 @@ def check_not_running(store: RunStore, force: bool) -> None:
             f"driver was killed, rerun the job to complete it); --force finalizes anyway.")
 
 
-def finalize(store: RunStore, force: bool = False,
-             rows_per_file: int = ROWS_PER_FILE) -> dict[str, Any]:
+def finalize(store: RunStore, force: bool = False, rows_per_file: int = ROWS_PER_FILE,
+             allow_partial: bool = False) -> dict[str, Any]:
     """Write final/ (parts, then manifest.json last); returns the manifest."""
     check_not_running(store, force)
     picks = pick_latest(store)
     if picks.winners.empty:
         raise FinalizeError(f"run {store.uri} has no rows in data/: nothing to finalize")
+    missing = missing_parts(store, picks.winners)
+    if missing and not allow_partial:
+        raise FinalizeError(
+            f"run {store.uri} is not complete (last status {missing['status']}, "
+            f"{missing['prompts_without_result']} prompts without a result, "
+            f"{missing['open_failures']} open failures): rerun the job to finish it "
+            f"(--retry-failed redoes failures), or pass --allow-partial to finalize what "
+            f"there is with complete=false and what is missing in the manifest")
     manifest_loc = store.loc("final", "manifest.json")
     try:  # from here until the new manifest lands, final/ reads as incomplete
         store.root.fs.delete_file(manifest_loc.path)
@@ -162,7 +190,7 @@ def finalize(store: RunStore, force: bool = False,
         pass
     files = write_parts(store, picks, rows_per_file)
     _remove_stale(store, {f["name"] for f in files})
-    manifest = build_manifest(store, picks, files, rows_per_file)
+    manifest = build_manifest(store, picks, files, rows_per_file, missing)
     write_json_atomic(manifest_loc, manifest)
     return manifest
 
@@ -174,6 +202,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     add_run_args(parser)
     parser.add_argument("--force", action="store_true",
                         help="finalize even though progress.json says the run is running")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="finalize a run that is not complete (stopped, failed, open "
+                             "failures): manifest complete=false with what is missing")
     parser.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE,
                         help=f"rows per final part file (default {ROWS_PER_FILE})")
     args = parser.parse_args(argv)
@@ -182,12 +213,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     store = open_run(args.run, args.config)
     require_run(store)
     try:
-        manifest = finalize(store, force=args.force, rows_per_file=args.rows_per_file)
+        manifest = finalize(store, force=args.force, rows_per_file=args.rows_per_file,
+                            allow_partial=args.allow_partial)
     except FinalizeError as exc:
         fail(str(exc))
     print(f"finalized {store.uri}: {manifest['row_count']:,} rows (one per key) in "
           f"{len(manifest['files'])} file(s) from {manifest['source_data_rows']:,} data rows; "
-          f"finish {manifest['finish_reasons']}; manifest {store.loc('final', 'manifest.json').uri}")
+          f"finish {manifest['finish_reasons']}; manifest {store.loc('final', 'manifest.json').uri}"
+          + ("" if manifest["complete"] else f"; PARTIAL, missing {manifest['missing']}"))
     return 0
 
 

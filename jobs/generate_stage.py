@@ -22,7 +22,8 @@ from typing import Any
 import pyarrow as pa
 from ray import serve
 
-from jobs.retry import REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker, backoff_s, replica_error_class
+from jobs.retry import (NOT_ENGINE_CLASSES, REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker,
+                        backoff_s, error_text, is_replica_bug, replica_error_class)
 from jobs.row_sender import RowSender
 from jobs.rows import continued_row, data_row, failure_row, reject_row, to_table
 
@@ -55,16 +56,22 @@ class GenerateRows:
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
         if row.get("reject_reason"):
             return reject_row(row, row["reject_reason"])
-        request, attempt, retried = self._request(row), 0, []
+        request, attempt, retried, alone = self._request(row), 0, [], False
         while True:
             attempt += 1
             try:
-                result = await self.sender.send(request)
+                result = await self.sender.send(request, alone=alone)
                 error_class, retryable = result["error_class"], bool(result["retryable"])
                 message, replica = result["error_message"], result["replica"]
             except REPLICA_ERRORS as exc:
-                result, error_class, retryable = None, replica_error_class(exc), True
-                message, replica = f"{type(exc).__name__}: {exc}", None
+                result, error_class = None, replica_error_class(exc)
+                message, replica = error_text(exc), None
+                # Replica code raised: resend alone once (a poison row in the same call
+                # must not fail this one), then it is this row's own bug: no more tries.
+                retryable = not (is_replica_bug(exc) and alone)
+                if is_replica_bug(exc) and not alone:
+                    alone, attempt = True, attempt - 1
+                    continue
             if error_class is None:
                 self.breaker.record(False)
                 if self.ctx.get("continue_to"):
@@ -77,9 +84,18 @@ class GenerateRows:
                 await asyncio.sleep(backoff_s(attempt, self.retries["backoff_initial_s"],
                                               self.retries["backoff_max_s"]))
                 continue
-            self.breaker.record(error_class not in ROW_ERROR_CLASSES)
             out = failure_row(row, error_class, message, retryable, attempt, self.ctx, replica)
+            self._judge(error_class, retryable, message)
             return dict(out, retry_classes=retried)
+
+    def _judge(self, error_class: str, retryable: bool, message: str) -> None:
+        """Feed the breaker (raises CircuitOpen when the window says stop the job)."""
+        if error_class in ROW_ERROR_CLASSES:
+            self.breaker.record(False)
+        elif error_class in NOT_ENGINE_CLASSES or not retryable:
+            self.breaker.record(False, error_class, message)
+        else:
+            self.breaker.record(True)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         outs = await asyncio.gather(*(self._one(r) for r in batch.to_pylist()))

@@ -15,7 +15,7 @@ import ray.data
 from jobs.config import RunConfig
 from jobs.generate_stage import GenerateRows
 from jobs.admission import admit_batch
-from jobs.rows import settings_hash
+from jobs.rows import output_settings, settings_hash
 from jobs.sink import RunSink
 from jobs.sources import PromptFiles
 from jobs.storage import Location
@@ -37,7 +37,10 @@ def stage_context(cfg: RunConfig) -> dict[str, Any]:
         "run": cfg.job.run_name, "model": cfg.engine.model_name,
         "max_new_tokens": cfg.job.max_new_tokens, "context_policy": cfg.job.context_policy,
         "sampling": sampling, "sampling_json": json.dumps(sampling, sort_keys=True),
-        "settings_hash": settings_hash(cfg.engine.model_name, sampling),
+        "settings_hash": settings_hash(cfg.engine.model_name, sampling,
+                                       output_settings=output_settings(
+                                           cfg.engine, cfg.job.context_policy)),
+        "legacy_settings_hash": settings_hash(cfg.engine.model_name, sampling),
         "inflight_rows_per_actor": cfg.job.inflight_rows_per_actor,
         "rows_per_call": cfg.job.rows_per_call,
         "call_linger_s": cfg.job.call_linger_s,

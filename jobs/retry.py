@@ -2,16 +2,26 @@
 
 Classification is by type: results carry ``error_class``/``retryable`` set by the
 replica; exceptions from the Ray/Serve layer (replica died, restarting, overloaded)
-are transient. The circuit breaker watches engine-class failures only: a context
-overflow is the row's fault, a fleet answering 5xx to everything is not.
+are transient. An exception raised by the replica's own code (a RayTaskError that is
+not Ray reporting a dead actor) is a bug, not an outage: its rows are sent again one
+per call, so a poison prompt fails alone, and then fail without further retries.
+
+The circuit breaker stops the job in two cases: engine-class failures (5xx, dead or
+unreachable engines after their retries) exceed ``max_failure_fraction`` of the
+window (the fleet is down), or one non-transient error class (a 400 for every row:
+an unknown sampling key, a wrong endpoint; a replica bug) exceeds
+``max_same_error_fraction`` (the run is misconfigured). A context overflow is the
+row's own fault and never counts.
 """
 
 from __future__ import annotations
 
 import collections
 import random
+from typing import Optional
 
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import (ActorDiedError, ActorUnavailableError, RayActorError, RayError,
+                            RayTaskError)
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 
@@ -23,14 +33,46 @@ class CallIncomplete(RuntimeError):
 # Exceptions raised by a handle call when the replica (not the row) is the problem.
 REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError, BackPressureError,
                   DeploymentUnavailableError, RayTaskError, CallIncomplete)
-ROW_ERROR_CLASSES = {"context_overflow", "bad_request"}
+# Failures that are the row's own fault: never a sign of a broken fleet or config.
+ROW_ERROR_CLASSES = {"context_overflow"}
+# Failures that say nothing about the engines' health (the systematic check sees them).
+NOT_ENGINE_CLASSES = {"context_overflow", "bad_request", "replica_error"}
+
+# What to do when one non-transient class fills the window.
+FIXES = {
+    "bad_request": "the engine refuses the requests themselves: check job.sampling for a key "
+                   "this SGLang rejects (unknown sampling keys are a 400 since 0.5.22) and "
+                   "that engine.model_path/model_name and the engine endpoint are right "
+                   "(a 404 is a wrong path or model)",
+    "replica_error": "replica code raised on these rows (a bug, not an outage): read the "
+                     "traceback in the Serve replica logs (Ray dashboard, Serve tab)",
+}
 
 
 class CircuitOpen(RuntimeError):
     """Too many engine failures in a row window: the fleet is down."""
 
 
+class SystematicErrors(CircuitOpen):
+    """One non-transient error class dominates the window: the run is misconfigured."""
+
+
+def is_replica_bug(exc: BaseException) -> bool:
+    """The replica's own code raised (not Ray telling us the replica died)."""
+    return isinstance(exc, RayTaskError) and not isinstance(getattr(exc, "cause", None),
+                                                            RayError)
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for failures/: a replica bug by its own exception, not Ray's wrapper."""
+    if is_replica_bug(exc) and exc.cause is not None:
+        return f"replica code raised {type(exc.cause).__name__}: {exc.cause}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def replica_error_class(exc: BaseException) -> str:
+    if is_replica_bug(exc):
+        return "replica_error"
     return {BackPressureError: "replica_backpressure",
             DeploymentUnavailableError: "deployment_unavailable"}.get(type(exc),
                                                                        "replica_unavailable")
@@ -42,19 +84,41 @@ def backoff_s(attempt: int, initial_s: float, max_s: float) -> float:
 
 
 class Breaker:
-    def __init__(self, window_rows: int, min_rows: int, max_failure_fraction: float):
+    def __init__(self, window_rows: int, min_rows: int, max_failure_fraction: float,
+                 max_same_error_fraction: float = 0.8):
         self.window: collections.deque[bool] = collections.deque(maxlen=window_rows)
+        self.classes: collections.deque[Optional[str]] = collections.deque(maxlen=window_rows)
+        self.examples: dict[str, str] = {}  # class -> its latest message, for the verdict
         self.min_rows, self.max_fraction = min_rows, max_failure_fraction
+        self.max_same = max_same_error_fraction
 
-    def record(self, engine_failure: bool) -> None:
+    def record(self, engine_failure: bool, error_class: Optional[str] = None,
+               message: str = "") -> None:
+        """One finished row: an engine failure, or a non-transient class (None = ok)."""
         self.window.append(engine_failure)
-        if len(self.window) >= self.min_rows:
-            fraction = sum(self.window) / len(self.window)
-            if fraction > self.max_fraction:
-                raise CircuitOpen(
-                    f"{sum(self.window)} of the last {len(self.window)} rows failed with "
-                    f"engine errors ({fraction:.0%} > job.breaker.max_failure_fraction "
-                    f"{self.max_fraction:.0%}). The engine fleet looks down: check "
-                    f"`serve status` and the replica logs, then rerun the same command "
-                    f"to resume (add --retry-failed to redo the failed rows). Rows "
-                    f"already written are kept.")
+        self.classes.append(error_class)
+        if error_class:
+            self.examples[error_class] = message
+        if len(self.window) < self.min_rows:
+            return
+        fraction = sum(self.window) / len(self.window)
+        if fraction > self.max_fraction:
+            raise CircuitOpen(
+                f"{sum(self.window)} of the last {len(self.window)} rows failed with "
+                f"engine errors ({fraction:.0%} > job.breaker.max_failure_fraction "
+                f"{self.max_fraction:.0%}). The engine fleet looks down: check "
+                f"`serve status` and the replica logs, then rerun the same command "
+                f"to resume (add --retry-failed to redo the failed rows). Rows "
+                f"already written are kept.")
+        counts = collections.Counter(c for c in self.classes if c)
+        if not counts:
+            return
+        top, n = counts.most_common(1)[0]
+        if n / len(self.classes) > self.max_same:
+            fix = FIXES.get(top, "read error_message in <run>/failures/")
+            raise SystematicErrors(
+                f"{n} of the last {len(self.classes)} rows failed with the same "
+                f"non-transient error {top!r} ({n / len(self.classes):.0%} > "
+                f"job.breaker.max_same_error_fraction {self.max_same:.0%}), e.g. "
+                f"{self.examples[top][:300]!r}. Fix: {fix}; then rerun with --retry-failed "
+                f"to redo the failed rows. Rows already written are kept.")

@@ -12,6 +12,9 @@ slots are busy (the steady state), slots come back one finished row at a time; t
 linger lets a few gather instead of paying a call per row. It delays a refill by at
 most ``linger_s``, which the engines' queued requests cover (rows run for seconds on
 the simulator, minutes on GPUs).
+
+``send(request, alone=True)`` gives a row a call of its own: after replica code raised
+on a shared call, each of its rows is sent alone so only the poison row fails.
 """
 
 from __future__ import annotations
@@ -33,17 +36,17 @@ class RowSender:
         self.rows_per_call = rows_per_call
         self.linger_s = linger_s
         self._free = inflight_rows  # in-flight slots; only the dispatcher takes them
-        self._queue: deque[tuple[dict[str, Any], asyncio.Future]] = deque()
+        self._queue: deque[tuple[dict[str, Any], asyncio.Future, bool]] = deque()
         self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
         self._dispatcher: Optional[asyncio.Task] = None
         self._calls: set[asyncio.Task] = set()  # the loop keeps only weak references
 
-    async def send(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def send(self, request: dict[str, Any], alone: bool = False) -> dict[str, Any]:
         """The replica's result for one request; raises what the handle call raised."""
         if self._dispatcher is None or self._dispatcher.done():
             self._start()
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((request, future))
+        self._queue.append((request, future, alone))
         self._changed.set()
         return await future
 
@@ -62,7 +65,7 @@ class RowSender:
         if exc is not None:
             logger.error("row dispatcher failed: %r", exc)
             while self._queue:
-                _, future = self._queue.popleft()
+                _, future, _ = self._queue.popleft()
                 if not future.done():
                     future.set_exception(exc)
 
@@ -90,13 +93,15 @@ class RowSender:
             chunk, deadline = [], loop.time() + self.linger_s
             try:
                 while len(chunk) < self.rows_per_call:
+                    if chunk and (chunk[0][2] or (self._queue and self._queue[0][2])):
+                        break  # a row sent alone shares its call with no other
                     if self._queue and self._free:
                         self._free -= 1
                         chunk.append(self._queue.popleft())
                     elif not await self._wait_change(deadline):
                         break
             except BaseException as exc:  # the rows taken so far are not lost either
-                for _, future in chunk:
+                for _, future, _ in chunk:
                     self._release()
                     if not future.done():
                         future.set_exception(exc)
@@ -105,10 +110,10 @@ class RowSender:
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
 
-    async def _call(self, chunk: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
-        waiting = {request["key"]: future for request, future in chunk}
+    async def _call(self, chunk: list[tuple[dict[str, Any], asyncio.Future, bool]]) -> None:
+        waiting = {request["key"]: future for request, future, _ in chunk}
         try:
-            async for result in self.stream.generate_many.remote([r for r, _ in chunk]):
+            async for result in self.stream.generate_many.remote([r for r, _, _ in chunk]):
                 future = waiting.pop(result["key"], None)
                 if future is not None:
                     self._release()

@@ -21,10 +21,30 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chatml-think") -> str:
-    blob = json.dumps({"model": model, "sampling": sampling, "chat": chat_format},
-                      sort_keys=True)
+def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chatml-think",
+                  output_settings: Optional[dict[str, Any]] = None) -> str:
+    """Hash of everything that changes an output (see output_settings); rows with
+    different hashes must never mix in one run. Without ``output_settings`` this is
+    the older formula (model + sampling + chat format), kept to recognise old runs."""
+    fields: dict[str, Any] = {"model": model, "sampling": sampling, "chat": chat_format}
+    if output_settings is not None:
+        fields["output"] = output_settings
+    blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def output_settings(engine: Any, context_policy: str) -> dict[str, Any]:
+    """The settings besides sampling that change what a prompt's row holds: which model
+    and name, how the prompt is rendered, how the output is split into reasoning and
+    answer, the engine's own arguments, and what happens when the context is short.
+    Not included: throughput settings (replicas, batch sizes, memory, speculative
+    decoding, which verifies drafts against the model) and timeouts."""
+    return {"kind": engine.kind, "model_path": engine.model_path,
+            "served_model_name": engine.model_name, "chat_template": engine.chat_template,
+            "reasoning_parser": engine.reasoning_parser,
+            "think_end_token": engine.think_end_token,
+            "extra_args": dict(sorted((engine.extra_args or {}).items())),
+            "context_policy": context_policy}
 
 
 def repetition_ratio(ids: list[int], n: int = 4) -> float:
@@ -80,6 +100,8 @@ def continued_row(base: dict[str, Any], result: dict[str, Any], ctx: dict[str, A
         accept_length=total / verify if verify else None,
         repetition_ratio=repetition_ratio(result["output_token_ids"]),
         latency_s=_add(base["latency_s"], result["latency_s"]), attempts=attempts,
+        model=ctx["model"], sampling=ctx["sampling_json"],
+        settings_hash=ctx["settings_hash"],  # its own (checked equal to the base's)
         created_at=now())
     return out
 

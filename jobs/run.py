@@ -73,12 +73,23 @@ def read_columns(store: RunStore, kind: str, columns: list[str]) -> pa.Table:
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def check_settings(state: RunState, settings_hash: str, budget: int, run: str) -> None:
-    """Refuse to mix budgets or sampling settings inside one run (the story's bug)."""
+def check_settings(state: RunState, settings_hash: str, budget: int, run: str,
+                   legacy_hash: Optional[str] = None) -> None:
+    """Refuse to mix budgets or output settings inside one run (the story's bug)."""
     others = {k: n for k, n in state.first_budgets.items() if k != (settings_hash, budget)}
     if not others:
         return
     (other_hash, other_budget), rows = max(others.items(), key=lambda kv: kv[1])
+    if legacy_hash is not None and other_hash == legacy_hash:
+        # Decided: refuse. The old hash covered model + sampling only, so nothing proves
+        # those rows used this chat template, reasoning parser, think token, engine args
+        # and context policy; mixing them silently is what the hash exists to prevent.
+        raise RunError(
+            f"run {run!r} holds {rows} rows from an older raygen whose settings_hash "
+            f"({other_hash}) covered only model + sampling; this config matches those but "
+            f"the rows do not record their chat template, reasoning parser, think token, "
+            f"engine args or context policy, so resuming could mix outputs. Finish the run "
+            f"with the raygen version that started it, or start a new job.run_name.")
     raise RunError(
         f"run {run!r} already holds {rows} rows generated with max_new_tokens="
         f"{other_budget} (settings {other_hash}); this config asks max_new_tokens={budget} "
@@ -137,6 +148,11 @@ def _report(store: RunStore) -> str:
     return f"\n  report:    {store.uri}/report.md (python -m jobs.report {store.uri})"
 
 
+# Run by the SIGTERM handler before it raises: `ray job stop` SIGKILLs the driver 3 s
+# after SIGTERM, sooner than the dataset's teardown, so the final status goes first.
+_STOP_HOOKS: list[Callable[[], None]] = []
+
+
 def _init_ray(stop_exc: type) -> None:
     """Connect to Ray, then take SIGTERM back: `ray job stop` must end in "stopped"."""
     import signal
@@ -146,8 +162,42 @@ def _init_ray(stop_exc: type) -> None:
     ray.init(ignore_reinit_error=True)
     if threading.current_thread() is threading.main_thread():
         def _stop(*_):  # ray.init installs its own handler, which fails the dataset
+            for hook in list(_STOP_HOOKS):
+                try:
+                    hook()
+                except Exception as exc:  # noqa: BLE001 - never block the stop itself
+                    logger.warning("on stop: %s", exc)
             raise stop_exc()
         signal.signal(signal.SIGTERM, _stop)
+
+
+def local_output_problem(output_is_local: bool, alive_nodes: int, shared: bool) -> Optional[str]:
+    """Why a local output path cannot work on this cluster (None when it can)."""
+    if not output_is_local or shared or alive_nodes <= 1:
+        return None
+    return (f"job.output is a local path but the Ray cluster has {alive_nodes} nodes: each "
+            f"node's writers would write their own copy of the run and resume would miss "
+            f"rows. Use s3://..., or, if the path is a filesystem every node mounts, set "
+            f"storage.shared_local_output: true")
+
+
+def check_output_reachable(store: RunStore, cfg: RunConfig) -> None:
+    import ray
+
+    from jobs.storage import is_local
+    alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+    problem = local_output_problem(is_local(store.root), alive, cfg.storage.shared_local_output)
+    if problem:
+        raise RunError(problem)
+
+
+def take_lease(store: RunStore, cfg: RunConfig):
+    """The run's lease, or RunError naming the live job that holds it."""
+    from jobs.lease import LeaseHeld, RunLease
+    try:
+        return RunLease(store, cfg.job.lease_timeout_s).acquire()
+    except LeaseHeld as exc:
+        raise RunError(str(exc)) from None
 
 
 def engine_context_length(handle, cfg: RunConfig) -> int:
@@ -169,30 +219,37 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     inputs = input_locations(cfg)
     ctx = pipeline.stage_context(cfg)
-    state = RunState.read(store)
-    if check_context or continue_truncated:
-        total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
     if check_context:
         from jobs.context_check import check_context as run_check, describe
         _init_ray(stop_exc)
         handle = deploy_or_attach(cfg.engine, cfg.serve)
         report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
         return Summary("succeeded", report, describe(report))
-    if continue_truncated:
-        target = continuation.check_total(cfg, max_total_tokens)
-        wanted = continuation.to_continue(store, target)
-        logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
+    lease = take_lease(store, cfg)  # before the run's state is read or anything written
+    try:
+        state = RunState.read(store)
+        if continue_truncated:
+            total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+            target = continuation.check_total(cfg, max_total_tokens)
+            wanted = continuation.to_continue(store, target, ctx["settings_hash"])
+            logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
+        else:
+            check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens,
+                           cfg.job.run_name, ctx["legacy_settings_hash"])
+            admission = admit(cfg, store, inputs, state, retry_failed)
+            total = admission.total
         _init_ray(stop_exc)
+        check_output_reachable(store, cfg)
         deploy_or_attach(cfg.engine, cfg.serve)
-        return _execute(cfg, store, total, stop_exc,
-                        lambda: continuation.build(cfg, store, wanted, target), cleanup=None)
-    check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name)
-    admission = admit(cfg, store, inputs, state, retry_failed)
-    _init_ray(stop_exc)
-    deploy_or_attach(cfg.engine, cfg.serve)
-    table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
-    return _execute(cfg, store, admission.total, stop_exc,
-                    lambda: pipeline.build(cfg, inputs, table, store.uri), cleanup=None)
+        if continue_truncated:
+            build = lambda: continuation.build(cfg, store, wanted, target)  # noqa: E731
+        else:
+            table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
+            build = lambda: pipeline.build(cfg, inputs, table, store.uri)  # noqa: E731
+        return _execute(cfg, store, total, stop_exc, build, lease=lease,
+                        expect_all=not continue_truncated)
+    finally:
+        lease.release()
 
 
 def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,
@@ -227,8 +284,35 @@ def _classify_failure(exc: BaseException, stop_exc: type) -> tuple[str, Optional
     return "failed", error
 
 
+def verdict(snap: dict[str, Any], expect_all: bool) -> tuple[str, Optional[str]]:
+    """The status of a run whose pipeline ended without an error, from its files:
+    "succeeded" only if every admitted prompt has a result and something was generated."""
+    if expect_all and snap["remaining"] > 0:
+        return "failed", (
+            f"{snap['remaining']} of {snap['total']} prompts have no result in data/, "
+            f"failures/ or rejects/ although the pipeline ended: rerun the same command to "
+            f"finish them")
+    if not snap["completed"]:
+        return "failed", (
+            f"nothing was generated: of {snap['total']} prompts {snap['rejected']} were "
+            f"rejected (see rejects/) and {snap['failed']} failed (see failures/)")
+    return "succeeded", None
+
+
+def _write_status_now(progress, status: str) -> None:
+    """progress.json with the final status at once, from the last counts (no rescan)."""
+    import time
+
+    from jobs.storage import write_json_atomic
+    progress.status = status  # the progress thread's next write says it too
+    if progress.last is not None:
+        write_json_atomic(progress.store.loc("progress.json"),
+                          dict(progress.last, status=status, updated_at=time.time()))
+
+
 def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
-             build: Callable, cleanup: Optional[Callable]) -> Summary:
+             build: Callable, lease=None,
+             expect_all: bool = True) -> Summary:
     """Stream the dataset into the run, with progress.json around it."""
     import time
 
@@ -239,23 +323,37 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s,
                                JobGauges(cfg.job.run_name, cfg.engine.model_name)).start()
+
+    def on_stop() -> None:  # SIGTERM: the truth first, then the slow teardown
+        _write_status_now(progress, "stopped")
+        if lease is not None:
+            lease.release()
+
+    _STOP_HOOKS.append(on_stop)
     status, error = "failed", None
     try:
         pipeline.write(build(), cfg, store.uri)
-        status = "succeeded"
-    except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM) or Ctrl-C
+        status, error = verdict(progress.update(), expect_all)
+    except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM), Ctrl-C, lease lost
         status = "stopped"
+        if lease is not None and lease.lost:
+            error = f"stopped: {lease.lost} (one job per run)"
     except Exception as exc:  # noqa: BLE001 - reported below with the cause
         status, error = _classify_failure(exc, stop_exc)
     finally:
+        _STOP_HOOKS.remove(on_stop)
+        if status != "succeeded":
+            _write_status_now(progress, status)
         snap = progress.stop(status)
-        if cleanup:
-            cleanup()
         time.sleep(cfg.job.metrics_linger_s)  # let Prometheus scrape the final gauges
     if snap["failed"] and status == "succeeded":
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
                        snap["failed"], store.uri)
     text = summary_text(store, snap)
+    if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
+        text += "\n  nothing to do: every prompt already has a result"
+    if lease is not None and lease.takeover:
+        text += f"\n  lease:     {lease.takeover}"
     text += _report(store)
     if error:
         raise RunError(f"{error}\n{text}")

@@ -97,7 +97,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         fail(f"no progress.json at {store.uri}: the run has not started there (check the "
              f"path: <job.output>/<job.run_name>)")
     print(render(snap))
+    print(holder_line(store))
     return 0
+
+
+def holder_line(store, now: Optional[float] = None) -> str:
+    """Which job holds the run's lease (jobs/lease.py), or that none does."""
+    from jobs.lease import read_holder
+    try:
+        holder = read_holder(store)
+    except Exception as exc:  # noqa: BLE001 - progress was readable; say what is not
+        return f"holder     ? (cannot read lease.json: {exc})"
+    if holder is None:
+        return "holder     none (no job holds the run)"
+    age = (time.time() if now is None else now) - holder.renewed_at
+    return f"holder     {holder.describe()}, lease renewed {age:.0f} s ago"
 
 
 if __name__ == "__main__":

@@ -32,7 +32,14 @@ class Location:
 
 
 def _s3(storage: StorageConfig) -> pafs.S3FileSystem:
-    kwargs: dict[str, Any] = {"region": storage.region}
+    # The SDK's "default" strategy (delay 25 ms * 2^attempt, no retry quota) rather than
+    # "standard": standard's shared retry quota (~50 connection-error retries per client)
+    # runs dry within seconds of an outage when many parts are in flight, and then every
+    # request fails at once. Doubling delays ride out an outage of about
+    # 25 ms * 2^max_attempts in total, per request.
+    kwargs: dict[str, Any] = {
+        "region": storage.region,
+        "retry_strategy": pafs.AwsDefaultS3RetryStrategy(storage.s3_retry_max_attempts)}
     if storage.endpoint_url:
         parsed = urlparse(storage.endpoint_url)
         kwargs.update(endpoint_override=parsed.netloc or parsed.path,

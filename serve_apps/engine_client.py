@@ -2,7 +2,8 @@
 
 Errors become typed exceptions by status code and exception type (never by message
 text): connection problems and 503 -> EngineUnavailable (retry), other 5xx ->
-EngineServerError (retry, bounded), 4xx -> EngineBadRequest (record, do not retry).
+EngineServerError (retry, bounded), 408/429 -> EngineBusy (retry with backoff), other
+4xx -> EngineBadRequest (record, do not retry).
 
 ``parse_meta`` reads meta_info across SGLang versions: speculative fields were renamed
 (0.5.5 ``spec_accept_length``; later ``spec_accept_rate``/``spec_num_correct_drafts``);
@@ -18,7 +19,7 @@ from typing import Any, Optional, Union
 
 import aiohttp
 
-from serve_apps.errors import EngineBadRequest, EngineServerError, EngineUnavailable
+from serve_apps.errors import EngineBadRequest, EngineBusy, EngineServerError, EngineUnavailable
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class EngineClient:
         message = _error_message(status, payload)
         if status == 503:
             raise EngineUnavailable(message)
+        if status in (408, 429):  # a 4xx that says "later", not "never"
+            raise EngineBusy(message)
         if status >= 500:
             raise EngineServerError(message)
         raise EngineBadRequest(message)
@@ -135,5 +138,5 @@ class EngineClient:
         try:
             await self._request("GET", "/health")
             return True
-        except (EngineUnavailable, EngineServerError, EngineBadRequest):
+        except (EngineUnavailable, EngineBusy, EngineServerError, EngineBadRequest):
             return False

@@ -24,6 +24,7 @@ from serve_apps.engine_process import EngineProcess, free_port
 from serve_apps.engines import launch_command
 from serve_apps.errors import EngineDead
 from serve_apps.generation import Generator
+from serve_apps.protocol import error_result
 from serve_apps.replica_metrics import ReplicaMetrics
 
 logger = logging.getLogger("ray.serve")
@@ -90,6 +91,12 @@ class EngineReplica:
         self._inflight += 1  # exported by the relay loop: Ray ships gauges every few s anyway
         try:
             result = await self.generator.generate(request)
+        except EngineDead:
+            raise  # Serve must replace this replica
+        except Exception as exc:  # noqa: BLE001 - a bug on one row must not fail its call
+            logger.exception("replica code raised on row %r", request.get("key"))
+            return error_result(str(request.get("key")), "replica_error",
+                                f"{type(exc).__name__}: {exc}", False, self.replica_id)
         finally:
             self._inflight -= 1
         self.metrics.record(request, result)

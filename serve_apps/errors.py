@@ -30,6 +30,14 @@ class EngineServerError(EngineError):
     error_class = "engine_5xx"
 
 
+class EngineBusy(EngineError):
+    """408 Request Timeout / 429 Too Many Requests: the request was fine, the engine was
+    not ready for it; retried with backoff."""
+
+    retryable = True
+    error_class = "engine_busy"
+
+
 class EngineAborted(EngineError):
     """HTTP 200 but no completion: the engine aborted the request or hit NaN logits."""
 

@@ -200,12 +200,24 @@ def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp
             break
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
+    killed = False
+    try:  # as `ray job stop` does: SIGKILL 3 s after SIGTERM
+        proc.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        killed = True
     assert proc.wait(timeout=120) != 0
     stopped = store.read_json("progress.json")
     assert stopped["status"] == "stopped" and 0 < stopped["completed"] < 240
-    assert stopped["completed"] == len(read(tree, "data"))
+    if not killed:  # it had time for the final rescan (else counts are the last snapshot's)
+        assert stopped["completed"] == len(read(tree, "data"))
+    assert store.read_json("lease.json") is None  # released first too: resume at once
+    from jobs.finalize import FinalizeError, finalize
+    with pytest.raises(FinalizeError, match="not complete .last status stopped"):
+        finalize(store)  # a stopped run is not finalized as if complete
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     _assert_exactly_once(tree, 240)
+    assert finalize(store)["complete"] is True
 
 
 def test_check_context_counts_prompts_short_of_their_budget(ray_cluster, s3_endpoint,

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from serve_apps.engine_client import EngineClient, parse_meta
-from serve_apps.errors import EngineBadRequest, EngineServerError, EngineUnavailable
+from serve_apps.errors import EngineBusy, EngineBadRequest, EngineServerError, EngineUnavailable
 
 # --- parse_meta -------------------------------------------------------------------------
 
@@ -157,6 +157,14 @@ def test_400_is_bad_request_with_message():
     assert str(info.value) == f"HTTP 400: {body['message']}"
     assert not info.value.retryable
     assert type(info.value) is EngineBadRequest
+
+
+@pytest.mark.parametrize("status", [408, 429])
+def test_408_and_429_are_busy_and_retried(status):
+    with pytest.raises(EngineBusy) as info:
+        run(responder(status, json={"error": "too many requests"}), generate)
+    assert str(info.value) == f"HTTP {status}: too many requests"
+    assert info.value.retryable and info.value.error_class == "engine_busy"
 
 
 def test_400_plain_text_and_string_error():

@@ -6,7 +6,10 @@ import random
 
 import pytest
 
-from jobs.retry import Breaker, CircuitOpen, backoff_s, replica_error_class
+from ray.exceptions import ActorDiedError, RayTaskError
+
+from jobs.retry import (Breaker, CircuitOpen, SystematicErrors, backoff_s, is_replica_bug,
+                        replica_error_class)
 from jobs.rows import reject_reason_class, repetition_ratio
 
 
@@ -35,6 +38,7 @@ def test_breaker_tolerates_failures_below_fraction_and_window_slides():
     for i in range(200):
         breaker.record(i % 3 == 0)  # ~33% engine failures: never trips
     assert len(breaker.window) == 20
+    assert 6 <= sum(breaker.window) <= 7  # the window holds the last 20 outcomes only
 
 
 def test_breaker_old_failures_slide_out():
@@ -64,6 +68,7 @@ def test_breaker_fraction_one_never_trips():
     breaker = Breaker(window_rows=5, min_rows=1, max_failure_fraction=1.0)
     for _ in range(20):
         breaker.record(True)
+    assert list(breaker.window) == [True] * 5  # judged 20 times, 100% is never "above"
 
 
 # --- backoff ----------------------------------------------------------------------------
@@ -129,3 +134,47 @@ def test_repetition_ratio_exactly_n():
 ])
 def test_reject_reason_class(reason, label):
     assert reject_reason_class(reason) == label
+
+
+# --- systematic (non-transient) errors ----------------------------------------------
+
+def test_a_400_storm_trips_naming_the_error_and_the_fix():
+    breaker = Breaker(window_rows=20, min_rows=10, max_failure_fraction=0.5,
+                      max_same_error_fraction=0.8)
+    with pytest.raises(SystematicErrors) as info:
+        for _ in range(10):
+            breaker.record(False, "bad_request", "HTTP 400: unknown field 'top_a'")
+    msg = str(info.value)
+    assert "10 of the last 10 rows" in msg and "'bad_request'" in msg
+    assert "unknown field 'top_a'" in msg  # the error itself
+    assert "job.sampling" in msg and "--retry-failed" in msg  # and the fix
+    assert isinstance(info.value, CircuitOpen)  # the run ends failed like any breaker trip
+
+
+def test_a_minority_of_bad_requests_never_trips():
+    breaker = Breaker(window_rows=20, min_rows=10, max_failure_fraction=0.5,
+                      max_same_error_fraction=0.8)
+    for i in range(200):  # 50% of rows refused: the rows' fault, not the run's
+        breaker.record(False, "bad_request" if i % 2 else None, "HTTP 400")
+    assert sum(c == "bad_request" for c in breaker.classes) == 10
+
+
+def test_mixed_classes_trip_only_when_one_dominates():
+    breaker = Breaker(window_rows=10, min_rows=10, max_failure_fraction=0.5,
+                      max_same_error_fraction=0.8)
+    for i in range(10):  # all failed, but 50/50 between two classes: not one cause
+        breaker.record(False, "bad_request" if i % 2 else "replica_error", "x")
+    tripped_after = None
+    with pytest.raises(SystematicErrors, match="replica_error.*Serve replica logs"):
+        for n in range(1, 11):
+            tripped_after = n
+            breaker.record(False, "replica_error", "KeyError: 'x'")
+    assert tripped_after == 8  # 5 + 8 - 4 slid out = 9 of 10 > 80% (8 of 10 is not above)
+
+
+def test_replica_bug_is_told_from_a_dead_replica():
+    bug = RayTaskError("generate_many", "tb", KeyError("max_new_tokens"))
+    dead = RayTaskError("generate_many", "tb", ActorDiedError())
+    assert is_replica_bug(bug) and replica_error_class(bug) == "replica_error"
+    assert not is_replica_bug(dead) and replica_error_class(dead) == "replica_unavailable"
+    assert not is_replica_bug(ActorDiedError())

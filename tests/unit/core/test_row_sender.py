@@ -195,3 +195,54 @@ def test_a_failed_dispatcher_fails_its_rows_and_the_next_send_restarts_it():
     result, free = asyncio.run(main())
     assert result == {"key": "k1", "echo": 1}
     assert free == 2  # the failed row's slot came back
+
+
+# --- a poison row: replica code raised on one row of a shared call ------------------
+
+class PoisonHandle(StreamingHandle):
+    """Replica code raises (RayTaskError, as Serve reports it) on any call holding "bad"."""
+
+    def remote(self, requests):
+        self.calls.append([r["key"] for r in requests])
+        return self._poisoned(requests)
+
+    async def _poisoned(self, requests):
+        from ray.exceptions import RayTaskError
+        from serve_apps.protocol import RESULT_KEYS
+        await asyncio.sleep(0.01)
+        if any(r["key"] == "bad" for r in requests):
+            raise RayTaskError("generate_many", "Traceback ...", KeyError("max_new_tokens"))
+        for r in requests:
+            yield dict({k: None for k in RESULT_KEYS}, key=r["key"], output_token_ids=[1, 2],
+                       max_new_tokens=16, finish_reason="stop")
+
+
+def _generate_rows(handle):
+    from jobs.generate_stage import GenerateRows
+    rows = GenerateRows.__new__(GenerateRows)  # its __init__ looks up a real Serve handle
+    rows.ctx = {"run": "r", "max_new_tokens": 16, "sampling": {}, "context_policy": "reject",
+                "model": "m", "sampling_json": "{}", "settings_hash": "h"}
+    rows.sender = RowSender(handle, inflight_rows=8, rows_per_call=8, linger_s=0.05)
+    rows.retries = {"max_attempts": 3, "backoff_initial_s": 0.0, "backoff_max_s": 0.0}
+    from jobs.retry import Breaker
+    rows.breaker = Breaker(window_rows=10, min_rows=10, max_failure_fraction=0.5)
+    return rows
+
+
+def test_a_poison_row_fails_alone_and_is_not_retried():
+    handle = PoisonHandle()
+    gen = _generate_rows(handle)
+    keys = ["a", "b", "bad", "c"]
+    rows = [{"key": k, "id": k, "category": "c", "messages": "[]", "tools": None,
+             "source": "f", "line": i} for i, k in enumerate(keys)]
+
+    async def go():
+        return await asyncio.gather(*(gen._one(r) for r in rows))
+
+    outs = {o["key"]: o for o in asyncio.run(go())}
+    assert [outs[k]["_kind"] for k in keys] == ["data", "data", "failures", "data"]
+    bad = outs["bad"]
+    assert bad["error_class"] == "replica_error" and bad["retryable"] is False
+    assert "KeyError" in bad["error_message"] and bad["attempts"] == 1
+    assert handle.calls[0] == keys  # one shared call first ...
+    assert sorted(handle.calls[1:]) == [["a"], ["b"], ["bad"], ["c"]]  # ... then one each

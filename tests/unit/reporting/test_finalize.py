@@ -39,7 +39,7 @@ def read_final(root: Path, manifest: dict):
 
 def test_one_row_per_key_with_latest_version(store):
     build_run(store)
-    manifest = finalize.finalize(store, rows_per_file=50)
+    manifest = finalize.finalize(store, rows_per_file=50, allow_partial=True)
     root = Path(store.root.path)
     rows = read_final(root, manifest)
     keys = [r["key"] for r in rows]
@@ -59,7 +59,7 @@ def test_one_row_per_key_with_latest_version(store):
 
 def test_manifest_checksums_match_files_and_parts_are_bounded(store):
     build_run(store)
-    manifest = finalize.finalize(store, rows_per_file=50)
+    manifest = finalize.finalize(store, rows_per_file=50, allow_partial=True)
     final = Path(store.root.path) / "final"
     assert [f["rows"] for f in manifest["files"]] == [50, 50, 20]
     for entry in manifest["files"]:
@@ -73,18 +73,18 @@ def test_manifest_checksums_match_files_and_parts_are_bounded(store):
 
 def test_rerun_gives_the_same_result(store):
     build_run(store)
-    first = finalize.finalize(store, rows_per_file=50)
+    first = finalize.finalize(store, rows_per_file=50, allow_partial=True)
     on_disk = json.loads((Path(store.root.path) / "final" / "manifest.json").read_text())
     assert on_disk == first
-    second = finalize.finalize(store, rows_per_file=50)
+    second = finalize.finalize(store, rows_per_file=50, allow_partial=True)
     first.pop("created_at"), second.pop("created_at")
     assert first == second
 
 
 def test_rerun_with_larger_parts_removes_stale_files(store):
     build_run(store)
-    finalize.finalize(store, rows_per_file=50)
-    manifest = finalize.finalize(store, rows_per_file=1000)
+    finalize.finalize(store, rows_per_file=50, allow_partial=True)
+    manifest = finalize.finalize(store, rows_per_file=1000, allow_partial=True)
     final = Path(store.root.path) / "final"
     assert [p.name for p in final.glob("*.parquet")] == ["part-00000.parquet"]
     assert manifest["files"][0]["rows"] == 120
@@ -98,11 +98,41 @@ def test_refuses_a_running_run_unless_forced(store, capsys):
     assert exc.value.code == 1
     assert "still running" in capsys.readouterr().err
     assert not (Path(store.root.path) / "final").exists()
-    assert finalize.main([store.root.path, "--force"]) == 0
+    assert finalize.main([store.root.path, "--force", "--allow-partial"]) == 0
     assert "120 rows" in capsys.readouterr().out
 
 
 def test_empty_run_is_refused(store):
     write_rows(store, "failures", [failure_row("x", "EngineError")])
     with pytest.raises(finalize.FinalizeError, match="no rows in data"):
+        finalize.finalize(store)
+
+
+def test_incomplete_run_needs_allow_partial_and_records_what_is_missing(store, capsys):
+    build_run(store)  # holds an open failure ("gone")
+    write_json_atomic(store.loc("progress.json"), {"status": "stopped", "remaining": 7})
+    with pytest.raises(SystemExit) as exc:
+        finalize.main([store.root.path])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "--allow-partial" in err
+    assert "last status stopped, 7 prompts without a result, 1 open failures" in err
+    assert not (Path(store.root.path) / "final" / "manifest.json").exists()
+    assert finalize.main([store.root.path, "--allow-partial"]) == 0
+    assert "PARTIAL" in capsys.readouterr().out
+    manifest = json.loads((Path(store.root.path) / "final" / "manifest.json").read_text())
+    assert manifest["complete"] is False
+    assert manifest["missing"] == {"status": "stopped", "prompts_without_result": 7,
+                                   "open_failures": 1}
+
+
+def test_complete_run_is_marked_complete(store):
+    write_rows(store, "data", [make_row(f"k{i}") for i in range(10)])
+    write_json_atomic(store.loc("progress.json"), {"status": "succeeded", "remaining": 0})
+    manifest = finalize.finalize(store)
+    assert manifest["complete"] is True and manifest["missing"] is None
+
+
+def test_run_without_progress_is_not_complete(store):
+    write_rows(store, "data", [make_row(f"k{i}") for i in range(10)])
+    with pytest.raises(finalize.FinalizeError, match="last status unknown"):
         finalize.finalize(store)

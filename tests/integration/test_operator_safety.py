@@ -1,0 +1,253 @@
+"""Operators' mistakes and systematic errors must not look like success: a 400 storm
+ends `failed` with a non-zero exit, 429s are retried, a poison row fails alone on a
+real replica, one job per run (real drivers, SIGKILL takeover), a 30 s S3 outage
+behind a TCP proxy loses nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from ray import serve
+
+from jobs import generate
+from jobs.status import holder_line
+from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run, set_faults,
+                                       store_of, write_yaml)
+
+pytestmark = pytest.mark.integration
+APP = "raygen-test"
+
+
+def _assert_exactly_once(tree: dict, n: int) -> None:
+    data = read(tree, "data")
+    assert len(data) == n and data["key"].is_unique
+    assert sorted(data["id"]) == [f"p{i:05d}" for i in range(n)]
+
+
+def _wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_400_storm_ends_failed_with_nonzero_exit(ray_cluster, s3_endpoint, tmp_path, capsys):
+    rows = write_prompts(tmp_path / "p.jsonl", 150)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows))  # default breaker window
+    cfg = write_yaml(tmp_path / "storm.yaml", tree)
+    deploy(tree)
+    urls = engine_urls(APP, 2)
+    old_term = signal.getsignal(signal.SIGTERM)
+    try:
+        set_faults(urls, error_rate=1.0, error_status=400)
+        code = generate.main(["--config", str(cfg)])  # the CLI itself, in this process
+    finally:
+        set_faults(urls, **CLEAR_FAULTS)
+        signal.signal(signal.SIGTERM, old_term)
+    err = capsys.readouterr().err
+    assert code == 1  # before: "succeeded", exit 0, every row in failures/
+    assert "non-transient error 'bad_request'" in err and "HTTP 400" in err
+    assert "job.sampling" in err  # the fix
+    assert store_of(tree).read_json("progress.json")["status"] == "failed"
+    assert len(read(tree, "failures")) < 150, "stopped before the whole dataset failed"
+    assert read(tree, "data").empty
+    assert store_of(tree).read_json("lease.json") is None  # released on the way out
+
+
+def test_429_is_retried_with_backoff(ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 60)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"retries": {"max_attempts": 8}})
+    deploy(tree)
+    urls = engine_urls(APP, 2)
+    try:
+        set_faults(urls, error_rate=0.3, error_status=429)
+        summary = run(tree)
+    finally:
+        set_faults(urls, **CLEAR_FAULTS)
+    assert summary.status == "succeeded"
+    _assert_exactly_once(tree, 60)
+    data = read(tree, "data")
+    assert any("engine_busy" in list(c) for c in data["retry_classes"])
+    assert read(tree, "failures").empty
+    again = run(tree)  # a rerun of a complete run: a success with nothing to do
+    assert again.status == "succeeded" and again.progress["session_rows"] == 0
+    assert "nothing to do" in again.text
+
+
+def test_poison_row_fails_alone_on_a_real_replica(ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 1)
+    deploy(run_config(tmp_path, s3_endpoint, rows_file=str(rows)))
+
+    def request(key, budget):
+        return {"key": key, "run": "poison", "category": "c", "tools": None,
+                "messages": [{"role": "user", "content": f"hello {key}"}], "input_ids": None,
+                "prompt_len": None, "max_new_tokens": budget, "sampling": {},
+                "context_policy": "reject"}
+
+    # max_new_tokens=None makes the replica's own code raise (int(None)); before, the
+    # whole call failed and its three good rows were retried as "replica_unavailable".
+    stream = serve.get_app_handle(APP).options(stream=True)
+    results = {r["key"]: r for r in stream.generate_many.remote(
+        [request("a", 64), request("bad", None), request("b", 64), request("c", 64)])}
+    assert set(results) == {"a", "bad", "b", "c"}
+    assert all(results[k]["error_class"] is None and results[k]["output_token_ids"]
+               for k in "abc")
+    bad = results["bad"]
+    assert bad["error_class"] == "replica_error" and bad["retryable"] is False
+    assert "TypeError" in bad["error_message"]
+
+
+def _driver(cfg, log):
+    return subprocess.Popen([sys.executable, "-m", "jobs.generate", "--config", str(cfg)],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+def test_one_job_per_run_and_takeover_after_sigkill(ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 240)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 6},
+                      engine={"simulator": {"time_scale": 0.01}})
+    cfg = write_yaml(tmp_path / "lease.yaml", tree)
+    store = store_of(tree)
+    first = _driver(cfg, open(tmp_path / "a.log", "w"))
+    try:
+        _wait_for(lambda: (store.read_json("progress.json") or {}).get("completed"), 180,
+                  "the first driver to write rows")
+        assert f"(pid {first.pid})" in holder_line(store)  # jobs.status names the holder
+        second = subprocess.run([sys.executable, "-m", "jobs.generate", "--config", str(cfg)],
+                                capture_output=True, text=True, timeout=180)
+        assert second.returncode == 1
+        assert f"is held by job driver-{first.pid} on {socket.gethostname()} " \
+               f"(pid {first.pid}) since" in second.stderr
+        assert first.poll() is None, "the refused driver must not disturb the holder"
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    _wait_for(lambda: time.time() - store.read_json("lease.json")["renewed_at"] > 6, 60,
+              "the dead driver's lease to go stale")
+    third = subprocess.run([sys.executable, "-m", "jobs.generate", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert f"took over the lease of job driver-{first.pid}" in third.stdout
+    _assert_exactly_once(tree, 240)
+    assert store.read_json("lease.json") is None
+
+
+class FlakyProxy:
+    """A TCP proxy in front of the S3 server that can refuse service for a while:
+    during an outage it resets new connections and cuts the open ones."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.down = threading.Event()
+        self.open: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        self.refused = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down.is_set():
+                self.refused += 1
+                _reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                _reset(client)
+                continue
+            with self.lock:
+                self.open |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst):
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def outage(self):
+        self.down.set()
+        with self.lock:
+            for s in self.open:
+                _reset(s)
+            self.open.clear()
+
+    def restore(self):
+        self.down.clear()
+
+    def close(self):
+        self.listener.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()
+
+
+@pytest.mark.slow
+def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_endpoint,
+                                                                 tmp_path):
+    proxy = FlakyProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    rows = write_prompts(tmp_path / "p.jsonl", 160)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"rows_per_file": 16, "batch_size": 8},
+                      engine={"simulator": {"time_scale": 0.01}})
+    direct = store_of(tree)  # the test watches past the proxy
+    tree["storage"]["endpoint_url"] = f"http://127.0.0.1:{proxy.port}"
+    outcome: dict = {}
+
+    def job():
+        try:
+            outcome["summary"] = run(tree)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=job)
+    runner.start()
+    try:
+        _wait_for(lambda: direct.part_paths("data"), 180, "the first data part")
+        before = len(direct.part_paths("data"))
+        proxy.outage()
+        down_at = time.monotonic()
+        _wait_for(lambda: time.monotonic() - down_at >= 30 or not runner.is_alive(), 60,
+                  "30 s of outage")
+        assert runner.is_alive(), f"the run ended during the outage: {outcome}"
+        proxy.restore()
+        runner.join(timeout=300)
+    finally:
+        proxy.restore()
+        runner.join(timeout=300)
+        proxy.close()
+    tree["storage"]["endpoint_url"] = s3_endpoint  # read the result past the proxy
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["summary"].status == "succeeded"
+    assert proxy.refused > 0 and before < 160 / 16, "the outage must hit a run in progress"
+    _assert_exactly_once(tree, 160)
+    assert read(tree, "failures").empty
