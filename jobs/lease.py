@@ -92,11 +92,18 @@ class _S3Lease:
                                    "mode": "standard"}))
 
     def read(self) -> Optional[tuple[dict, str]]:
-        try:
-            obj = self.client.get_object(Bucket=self.bucket, Key=self.key)
-        except self.client.exceptions.NoSuchKey:
-            return None
-        return json.loads(obj["Body"].read()), obj["ETag"]
+        for attempt in range(5):
+            try:
+                obj = self.client.get_object(Bucket=self.bucket, Key=self.key)
+            except self.client.exceptions.NoSuchKey:
+                return None
+            try:
+                return json.loads(obj["Body"].read()), obj["ETag"]
+            except ValueError:  # S3 serves whole objects; moto was seen serving one torn
+                if attempt == 4:  # while it was being replaced: read again
+                    raise
+                time.sleep(0.1)
+        return None
 
     def _put(self, body: dict, **condition: str) -> str:
         from botocore.exceptions import ClientError
