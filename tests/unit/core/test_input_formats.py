@@ -4,6 +4,7 @@ canonical row, twins share a key, and rows in another known shape say which."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -101,3 +102,10 @@ def test_rows_of_other_shapes_are_rejected_naming_the_shape(row, expected):
 def test_sharegpt_rows_still_go_through_message_validation():
     row = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     assert "the last message must be from user or tool" in reason(row)
+
+
+def test_the_readme_prompt_row_example_is_a_valid_row():
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    example = readme.split("## Prompt rows")[1].split("```json")[1].split("```")[0]
+    parsed = parse_row(json.dumps(json.loads(example)))
+    assert parsed["key"] == "q-000017" and json.loads(parsed["tools"])
