@@ -15,8 +15,9 @@ dropped). Formats, one record per kept row:
   "content": answer, "reasoning_content": reasoning}], "tools"}: SpecForge's and
   speculators' chat files.
 - messages: the same turns under "messages" (HF/TRL chat datasets).
-"tools" is the tools' JSON text (or null), which both trainers parse, and which keeps
-every row's column type the same for datasets.load_dataset.
+"tools" is the tools' JSON text, "[]" when none: both trainers parse it, and a column
+that is never null keeps one type in every shard (datasets.load_dataset("json") takes
+the types from the first shard and fails on a later string where it saw only nulls).
 
 Design decisions:
 - Streaming: finalize.pick_latest picks each key's latest version from a few scalar
@@ -135,11 +136,11 @@ def chat_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def conversations_record(row: dict[str, Any]) -> dict[str, Any]:
-    return {"id": row["key"], "conversations": chat_turns(row), "tools": row["tools"]}
+    return {"id": row["key"], "conversations": chat_turns(row), "tools": row["tools"] or "[]"}
 
 
 def messages_record(row: dict[str, Any]) -> dict[str, Any]:
-    return {"id": row["key"], "messages": chat_turns(row), "tools": row["tools"]}
+    return {"id": row["key"], "messages": chat_turns(row), "tools": row["tools"] or "[]"}
 
 
 RECORDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {

@@ -182,3 +182,22 @@ def test_cli_prints_the_summary(store, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "exported 30 rows (pretokenized, jsonl)" in out
     assert "10 older versions skipped" in out and "dropped:  none" in out
+
+
+@pytest.mark.parametrize("file_type", ex.FILE_TYPES)
+def test_shards_load_with_hf_datasets_when_only_a_later_shard_has_tools(store, tmp_path,
+                                                                        file_type):
+    import datasets
+    tools = json.dumps([{"type": "function", "function": {"name": "wx"}}])
+    write_rows(store, "data", [make_row(k) for k in "abc"] + [make_row("d", tools=tools)],
+               per_file=1)
+    manifest = ex.export(store, str(tmp_path / "out"), "messages", file_type=file_type,
+                         rows_per_file=1)
+    files = [str(tmp_path / "out" / f["name"]) for f in manifest["files"]]
+    first = (pq.read_table(files[0]).to_pylist()[0] if file_type == "parquet"
+             else json.loads(Path(files[0]).read_text()))
+    assert json.loads(first["tools"] or "[]") == [], "the first shard must have no tools"
+    ds = datasets.load_dataset("json" if file_type == "jsonl" else "parquet", data_files=files,
+                               split="train", cache_dir=str(tmp_path / "hf"))
+    assert ds.num_rows == 4
+    assert {r["id"]: json.loads(r["tools"]) for r in ds}["d"] == json.loads(tools)
