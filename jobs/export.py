@@ -350,7 +350,7 @@ def run_export(args: argparse.Namespace) -> int:
     except ExportError as exc:
         fail(str(exc))
     except OSError as exc:  # unreachable endpoint, no bucket, no permission
-        fail(f"cannot write {args.out}: {exc}")
+        fail(f"export of {store.uri} to {args.out} failed: {' '.join(str(exc).split())}")
     print(render(manifest))
     return 0
 
