@@ -4,8 +4,8 @@
         [--file-type jsonl|parquet] [--include-truncated] [--require-finished-thinking]
         [--max-repetition-ratio R] [--max-length N] [--category C ...] [--config FILE]
 
-writes URI/part-00000.jsonl ... and URI/export.json (what was written, what each filter
-dropped). Formats, one record per kept row:
+writes URI/part-00000.jsonl ... and URI/export.manifest (JSON: what was written, what
+each filter dropped). Formats, one record per kept row:
 
 - pretokenized: {"id", "input_ids": prompt ids + output ids, "loss_mask": 0 per prompt
   token, 1 per output token}; the ids the model sampled, nothing added (a truncated row
@@ -25,9 +25,11 @@ Design decisions:
   columns the format needs, filtered, converted and appended to the current shard.
   Memory is one data file plus one shard (cut at --rows-per-file or ~256 MiB).
 - Filters run on the latest version (a continued row counts as its continuation), in a
-  fixed order; export.json counts what each dropped.
-- Output like finalize: the old export.json is deleted first, shards get deterministic
-  names, stale part-NNNNN files of an earlier export are removed, export.json comes last.
+  fixed order; the manifest counts what each dropped.
+- Output like finalize: the old manifest is deleted first, shards get deterministic
+  names, stale part-NNNNN files of an earlier export are removed, the manifest comes
+  last. Its name has no data extension: speculators reads every *.json/*.jsonl under a
+  folder and HF datasets every data file, so only the shards may look like data.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ FORMATS = ("pretokenized", "conversations", "messages")
 FILE_TYPES = ("jsonl", "parquet")
 ROWS_PER_FILE = 10_000
 MAX_SHARD_BYTES = 256 << 20
-MANIFEST = "export.json"
+MANIFEST = "export.manifest"
 SHARD_NAME = re.compile(r"^part-\d{5}\.(jsonl|parquet)$")
 RUN_FOLDERS = ("data", "failures", "rejects", "final")
 FILTER_COLUMNS = ["category", "finish_reason", "finished_thinking", "repetition_ratio",
@@ -245,7 +247,7 @@ def _remove_stale(out: Location, keep: set[str]) -> None:
 def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters(),
            file_type: str = "jsonl", rows_per_file: int = ROWS_PER_FILE,
            force: bool = False) -> dict[str, Any]:
-    """Write the shards, then export.json; returns export.json's content."""
+    """Write the shards, then the manifest; returns the manifest."""
     started = time.monotonic()
     out = output_location(store, out_uri)
     try:
@@ -360,7 +362,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jobs.export", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Export a run's latest rows as drafter training data (JSONL/Parquet "
-                    "shards + export.json).",
+                    "shards + export.manifest).",
         epilog="example:\n  python -m jobs.export s3://bucket/runs/demo --format pretokenized "
                "--out s3://bucket/exports/demo-pretok --config jobs/configs/demo.yaml")
     add_run_args(parser)

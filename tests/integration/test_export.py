@@ -54,7 +54,7 @@ def finished_run(ray_cluster, s3_endpoint, tmp_path_factory):
 def s3_jsonl(endpoint: str, prefix: str) -> tuple[dict, list[dict]]:
     s3 = boto3.client("s3", endpoint_url=endpoint)
     body = lambda key: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()  # noqa: E731
-    manifest = json.loads(body(f"{prefix}/export.json"))
+    manifest = json.loads(body(f"{prefix}/export.manifest"))
     records = [json.loads(line) for f in manifest["files"]
                for line in io.BytesIO(body(f"{prefix}/{f['name']}")).read().splitlines()]
     return manifest, records

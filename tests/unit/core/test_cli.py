@@ -73,7 +73,7 @@ def test_export_with_config_alone_writes_the_runs_stop_rows(tmp_path, capsys):
     out = tmp_path / "exp"
     assert cli.main(["export", "--config", str(config_file(tmp_path)), "--format",
                      "pretokenized", "--out", str(out)]) == 0
-    assert json.loads((out / "export.json").read_text())["rows"] == 1
+    assert json.loads((out / "export.manifest").read_text())["rows"] == 1
     assert "exported 1 rows" in capsys.readouterr().out
 
 

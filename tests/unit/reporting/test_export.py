@@ -120,7 +120,7 @@ def test_shards_are_cut_and_a_rerun_leaves_no_stale_shard(store, tmp_path):
     assert [f["rows"] for f in first["files"]] == [7, 7, 7, 7, 2]
     (out / "README.txt").write_text("mine")
     second = ex.export(store, str(out), "pretokenized", rows_per_file=100)
-    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "export.json",
+    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "export.manifest",
                                                      "part-00000.jsonl"]
     assert second["files"][0]["rows"] == 30 and len(read_jsonl(out)) == 30
 
@@ -200,4 +200,8 @@ def test_shards_load_with_hf_datasets_when_only_a_later_shard_has_tools(store, t
     ds = datasets.load_dataset("json" if file_type == "jsonl" else "parquet", data_files=files,
                                split="train", cache_dir=str(tmp_path / "hf"))
     assert ds.num_rows == 4
+    # The folder as a whole, as trainers point at it: the manifest is not read as data.
+    folder = datasets.load_dataset(str(tmp_path / "out"), split="train",
+                                   cache_dir=str(tmp_path / "hf"))
+    assert sorted(folder["id"]) == ["a", "b", "c", "d"]
     assert {r["id"]: json.loads(r["tools"]) for r in ds}["d"] == json.loads(tools)
