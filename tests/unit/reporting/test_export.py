@@ -205,3 +205,14 @@ def test_shards_load_with_hf_datasets_when_only_a_later_shard_has_tools(store, t
                                    cache_dir=str(tmp_path / "hf"))
     assert sorted(folder["id"]) == ["a", "b", "c", "d"]
     assert {r["id"]: json.loads(r["tools"]) for r in ds}["d"] == json.loads(tools)
+
+
+def test_fast_pretokenized_lines_equal_json_of_the_record(store):
+    rows = [make_row("k\u00e9\"q", prompt_token_ids=[1, 2], output_token_ids=[3]),
+            make_row("empty-output", prompt_token_ids=[5], output_token_ids=[]),
+            make_row("big", prompt_token_ids=[151644, 0], output_token_ids=[2**31 - 1, 7])]
+    write_rows(store, "data", rows)
+    table = store.read_kind("data")
+    lines = list(ex.pretokenized_lines(table))
+    assert lines == [(json.dumps(ex.pretokenized_record(r), ensure_ascii=False) + "\n").encode()
+                     for r in table.to_pylist()]
