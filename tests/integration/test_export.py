@@ -9,7 +9,6 @@ import json
 
 import boto3
 import datasets
-import pandas as pd
 import pytest
 
 from jobs import cli
