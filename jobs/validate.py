@@ -23,6 +23,8 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
+from jobs.input_formats import FormatError, to_canonical
+
 ROLES = ("system", "user", "assistant", "tool")
 VALIDATED = pa.schema([
     ("source", pa.string()), ("line", pa.int64()), ("ordinal", pa.int64()),
@@ -101,6 +103,10 @@ def parse_row(raw: str) -> dict[str, Any]:
         raise RowError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
     if not isinstance(row, dict):
         raise RowError(f"a row must be a JSON object, got {type(row).__name__}")
+    try:  # ShareGPT, content parts, HF Parquet nulls -> canonical messages, before the key
+        row = to_canonical(row)
+    except FormatError as exc:
+        raise RowError(str(exc)) from None
     messages = row.get("messages")
     if messages is None:
         raise RowError("missing 'messages'")

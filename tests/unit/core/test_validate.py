@@ -44,8 +44,8 @@ def reason(raw: str) -> str:
     ('{"messages": [{"role": "user", "content": "a"}, 5]}', "messages[1] must be an object, got int"),
     ('{"messages": [{"role": "human", "content": "a"}]}', "messages[0].role 'human' is not one of"),
     ('{"messages": [{"content": "a"}]}', "messages[0].role None is not one of"),
-    ('{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}',
-     "messages[0].content must be a string, got list"),
+    ('{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
+     "messages[0].content[0]: part type 'image_url' is not supported"),  # text parts: joined
     ('{"messages": [{"role": "user", "content": 7}]}', "messages[0].content must be a string, got int"),
     ('{"messages": [{"role": "user"}]}', "messages[0].content must be a string, got NoneType"),
     ('{"messages": [{"role": "assistant", "content": null}, {"role": "user", "content": "a"}]}',
