@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.admission import PriorRun
 from jobs.config import parse_config
 from jobs.pipeline import stage_context
 from jobs.run import RunError, RunState, check_settings, local_output_problem, verdict
@@ -42,11 +43,11 @@ def test_settings_hash_ignores_throughput_settings():
 
 def test_rows_of_the_older_hash_are_refused_with_a_clear_message():
     ctx = stage_context(parse_config(BASE))
-    state = RunState(done=set(), failed=set(), rejected=set(),
-                     first_budgets={(ctx["legacy_settings_hash"], 4096): 12})
+    empty = PriorRun.of({}, [], [])
+    state = RunState(prior=empty, first_budgets={(ctx["legacy_settings_hash"], 4096): 12})
     with pytest.raises(RunError, match="older raygen.*12 rows|12 rows from an older raygen"):
         check_settings(state, ctx["settings_hash"], 4096, "r", ctx["legacy_settings_hash"])
-    check_settings(RunState(set(), set(), set(), {(ctx["settings_hash"], 4096): 3}),
+    check_settings(RunState(empty, {(ctx["settings_hash"], 4096): 3}),
                    ctx["settings_hash"], 4096, "r", ctx["legacy_settings_hash"])  # same: ok
 
 
