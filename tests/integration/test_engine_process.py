@@ -1,11 +1,14 @@
 """The engine supervisor with a real simulator process: start, health, stop, no orphans,
-death while starting, and the guard killing the engine when its replica is SIGKILLed."""
+death while starting, the guard killing the engine when its replica is SIGKILLed, and the
+HTTP port: chosen outside the ephemeral range, retried when taken before the bind."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +18,8 @@ import pytest
 
 from serve_apps.config import EngineConfig
 from serve_apps.engine_client import EngineClient
-from serve_apps.engine_process import EngineProcess, free_port
+from serve_apps.engine_process import (EngineProcess, engine_port, ephemeral_range, free_port,
+                                       start_engine)
 from serve_apps.engines import launch_command
 from serve_apps.errors import EngineStartError
 from serve_apps.generation import Generator
@@ -43,7 +47,7 @@ def _engine(**sim) -> EngineProcess:
                        speculative={"algorithm": "NEXTN"},
                        simulator={"time_scale": 0.001, **sim})
     port = free_port()
-    return EngineProcess(launch_command(cfg, "127.0.0.1", port, free_port()), "127.0.0.1",
+    return EngineProcess(launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
                          port, name="engine-test")
 
 
@@ -71,6 +75,48 @@ def test_engine_dying_while_starting_fails_fast_with_its_output():
         engine.wait_ready(timeout_s=60)
     assert time.monotonic() - started < 30
     assert "no-such-flag" in engine.last_lines()
+
+
+def test_engine_port_is_outside_the_ephemeral_range():
+    low, high = ephemeral_range()
+    rng = random.Random(7)
+    ports = [engine_port(rng=rng) for _ in range(50)]
+    assert all(p < low or p > high for p in ports), (low, high, ports)
+    assert all(p >= 1024 for p in ports)
+
+
+def test_engine_start_retries_on_a_port_taken_before_the_bind():
+    """Another socket takes the chosen port before the engine binds it: the engine dies
+    with "address already in use" and the start is retried on a new port."""
+    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken, free_port()])
+    try:
+        engine = start_engine(lambda port: launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
+                              timeout_s=60, name="engine-port-test", pick_port=lambda: next(ports))
+    finally:
+        squatter.close()
+    try:
+        assert engine.port != taken and engine.health_ok()
+    finally:
+        engine.stop()
+
+
+def test_engine_start_gives_up_after_the_last_attempt():
+    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    try:
+        with pytest.raises(EngineStartError, match="(?i)address already in use"):
+            start_engine(lambda port: launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
+                         timeout_s=60, name="engine-port-test", pick_port=lambda: taken)
+    finally:
+        squatter.close()
 
 
 def test_startup_timeout_names_the_setting():
