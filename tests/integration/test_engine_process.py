@@ -164,7 +164,9 @@ def _generate(engine: EngineProcess, *requests: dict, context_length: int = 8192
     """Run requests through one Generator inside one event loop (as a replica does)."""
     async def go():
         client = EngineClient(engine.base_url, 30)
-        gen = Generator(client, context_length, "</think>", "r0", engine.is_alive)
+        # The engine runs NEXTN 3/1/4: SGLang (and the simulator) reserve 4 tokens per request.
+        gen = Generator(client, context_length, "</think>", "r0", engine.is_alive,
+                        reserved_tokens=4)
         try:
             return [await gen.generate(r) for r in requests]
         finally:
@@ -197,9 +199,9 @@ def test_context_guard_clamps_or_rejects(sim_engine):
     big = _request(max_new_tokens=8190)
     rejected, clamped = _generate(sim_engine, big, dict(big, context_policy="clamp"))
     assert rejected["error_class"] == "context_overflow" and not rejected["retryable"]
-    assert "context_length is 8192" in rejected["error_message"]
+    assert "context_length 8192 leaves room for" in rejected["error_message"]
     assert clamped["error_class"] is None
-    room = 8192 - clamped["prompt_tokens"]
+    room = 8192 - clamped["prompt_tokens"] - 4  # SGLang's speculative reserve
     assert clamped["effective_max_new_tokens"] == room < 8190
     assert clamped["budget_clamped_by"] == "context_guard"
 
