@@ -1,13 +1,12 @@
 """SGLang 0.5.23's own code, loaded once per session for the contract tests.
 
-cluster/install_sglang_parser.sh installs sglang==0.5.23 --no-deps plus the CPU torch
-and the few small packages its ``server_args`` import path needs. Two things are done
-narrowly here, and undone after the import:
+cluster/install_sglang_oracle.sh (run by ``make setup``) installs sglang==0.5.23 --no-deps,
+the CPU torch and the pinned packages its CPU request path imports (triton included).
+Two things are done narrowly here, and undone after the import:
 
-- ``triton`` (1 GB) is not installed: ``sglang/srt/utils/common.py`` does a module-level
-  ``import triton`` and one ``setattr(triton, "next_power_of_2", ...)``, nothing else on
-  the parser path. An empty module stands in for that one import and is removed from
-  ``sys.modules`` again, so nothing later can mistake it for triton.
+- with only the parser install (cluster/install_sglang_parser.sh, no triton), an empty
+  module stands in for ``sglang/srt/utils/common.py``'s module-level ``import triton``
+  and is removed from ``sys.modules`` again; with the oracle install it is not needed.
 - ``import sglang`` sets default cache-dir variables in ``os.environ``
   (``redirect_third_party_caches``); the environment is restored afterwards so other
   tests' subprocesses do not inherit them.
