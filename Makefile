@@ -14,12 +14,13 @@ DEMO_ROWS ?= 2400
 .PHONY: setup prometheus run report test test-fast stack-up stack-down bench clean
 
 setup: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml cluster/install_sglang_oracle.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
-	# SGLang 0.5.23's own argument parser (CPU torch, no GPU stack) for the contract test.
-	bash cluster/install_sglang_parser.sh $(VENV)
+	# SGLang 0.5.23's own parser and CPU request path (no GPU stack) for the contract and
+	# oracle tests (tests/unit/production/).
+	bash cluster/install_sglang_oracle.sh $(VENV)
 	touch $@
 
 # Debian's prometheus package brings prometheus and promtool (alert rule tests).

@@ -2,8 +2,9 @@
 their full budget inside the engine's context length.
 
 Every valid prompt is rendered and tokenized by the engines themselves (the same
-template and tokenizer the run will use), then compared with ``context_length`` read
-from the running engine. Writes ``<run>/context_check.json`` and prints a summary;
+template and tokenizer the run will use), then compared with the room SGLang really
+gives under ``context_length`` read from the running engine (serve_apps.context_budget:
+speculative reserve, scheduler input limit and clamp), exactly as the run's guard does. Writes ``<run>/context_check.json`` and prints a summary;
 generates nothing. The run itself then clamps or rejects per ``job.context_policy``.
 """
 
@@ -23,6 +24,7 @@ from jobs.run_store import RunStore
 from jobs.sources import PromptFiles
 from jobs.storage import Location, write_json_atomic
 from jobs.validate import validate_batch
+from serve_apps import context_budget
 
 
 class CountTokens:
@@ -52,22 +54,27 @@ def count(cfg: RunConfig, inputs: list[Location]) -> np.ndarray:
     return np.array(ds.select_columns(["prompt_tokens"]).to_pandas()["prompt_tokens"])
 
 
-def summarize(tokens: np.ndarray, context_length: int, budget: int) -> dict[str, Any]:
-    room = context_length - tokens
+def summarize(tokens: np.ndarray, context_length: int, budget: int,
+              reserved: int = 0) -> dict[str, Any]:
+    room = np.array([context_budget.room(context_length, int(n), reserved) for n in tokens],
+                    dtype=np.int64)
+    needed = max(reserved, context_budget.SCHEDULER_CLAMP_MARGIN)  # beyond prompt + budget
     return {
         "prompts": int(len(tokens)), "context_length": context_length,
-        "max_new_tokens": budget,
+        "max_new_tokens": budget, "reserved_tokens": reserved,
         "prompt_tokens_max": int(tokens.max()) if len(tokens) else 0,
         "prompt_tokens_p99": float(np.percentile(tokens, 99)) if len(tokens) else 0.0,
         "short_of_full_budget": int((room < budget).sum()),
         "prompt_alone_too_long": int((room <= 0).sum()),
-        "context_needed_for_all": int(tokens.max() + budget) if len(tokens) else budget,
+        "context_needed_for_all": (int(tokens.max() + budget + needed) if len(tokens)
+                                   else budget + needed),
     }
 
 
 def check_context(cfg: RunConfig, store: RunStore, inputs: list[Location],
                   context_length: int) -> dict[str, Any]:
-    report = summarize(count(cfg, inputs), context_length, cfg.job.max_new_tokens)
+    report = summarize(count(cfg, inputs), context_length, cfg.job.max_new_tokens,
+                       cfg.engine.reserved_tokens)
     report["policy"] = cfg.job.context_policy
     write_json_atomic(store.loc("context_check.json"), report)
     return report

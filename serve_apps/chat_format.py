@@ -72,12 +72,15 @@ def split_reasoning(text: str, think_end: str = THINK_END) -> tuple[str, str, bo
     """Output text -> (reasoning, answer, finished_thinking).
 
     Without ``think_end`` the whole text is reasoning: the model was cut (or
-    stopped) while still thinking, which the report counts separately.
+    stopped) while still thinking, which the report counts separately. A ``<think>``
+    the model opened itself (its template did not put it in the prompt) is markup,
+    not reasoning: it is dropped, as SGLang's reasoning parser does.
     """
     head, sep, tail = text.partition(think_end)
+    reasoning = head.strip().removeprefix(THINK_START).strip()
     if not sep:
-        return text.strip(), "", False
-    return head.strip(), tail.strip(), True
+        return reasoning, "", False
+    return reasoning, tail.strip(), True
 
 
 def model_template_renderer(model_path: str) -> Callable[..., str]:

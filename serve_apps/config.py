@@ -9,11 +9,16 @@ The engine kinds differ only in how the process is launched (see engines/).
 from __future__ import annotations
 
 import hashlib
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_apps import context_budget
 from serve_apps.engines.simulator.settings import SimulatorSettings
+
+
+# model_path of a simulated engine: anything else is a real model and needs kind=sglang.
+SIMULATOR_MODEL_PREFIX = "sim-"
 
 
 class StrictModel(BaseModel):
@@ -45,7 +50,8 @@ class EngineConfig(StrictModel):
     """The engine one replica supervises: which server, which model, its SGLang flags."""
 
     kind: Literal["sglang", "simulator"] = Field(
-        "simulator", description="Which server process a replica supervises.")
+        "simulator", description="Which server process a replica supervises. The simulator "
+        "accepts only model_path names starting with 'sim-'.")
     model_path: str = Field(
         "sim-qwen", description="HF id or local path of the model (SGLang --model-path).")
     served_model_name: Optional[str] = Field(
@@ -69,10 +75,11 @@ class EngineConfig(StrictModel):
         default_factory=dict, description="Any other SGLang flag, passed through verbatim.")
     simulator: SimulatorSettings = Field(
         default_factory=SimulatorSettings, description="Simulated engine knobs (kind=simulator).")
-    chat_template: Literal["builtin", "model"] = Field(
-        "builtin", description="builtin: raygen's ChatML renderer with thinking on (Qwen3 "
+    chat_template: Optional[Literal["builtin", "model"]] = Field(
+        None, description="builtin: raygen's ChatML renderer with thinking on (Qwen3 "
         "family; what the simulator uses). model: the model tokenizer's own template via "
-        "transformers on the replica (GPU nodes have it with SGLang).")
+        "transformers on the replica (GPU nodes have it with SGLang). Unset: model for "
+        "kind=sglang, builtin for the simulator.")
     think_end_token: str = Field(
         "</think>", description="Text that ends the reasoning part of a thinking model's output.")
     start_timeout_s: float = Field(
@@ -81,6 +88,26 @@ class EngineConfig(StrictModel):
     request_timeout_s: float = Field(
         3600.0, gt=0, description="HTTP timeout of one /generate call (an 8K-token thinking "
         "completion under load can take many minutes).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _template_default(cls, data: Any) -> Any:
+        # A real model's own template is the safe default; only the simulator's toy
+        # tokenizer needs raygen's builtin ChatML.
+        if isinstance(data, dict) and data.get("chat_template") is None:
+            data = {**data, "chat_template": "model" if data.get("kind") == "sglang" else "builtin"}
+        return data
+
+    @model_validator(mode="after")
+    def _simulator_model(self) -> "EngineConfig":
+        # kind defaults to the simulator; a real model name under it would write simulated
+        # text labelled as that model for a whole run.
+        if self.kind == "simulator" and not self.model_path.startswith(SIMULATOR_MODEL_PREFIX):
+            raise ValueError(
+                f"engine.kind is simulator but engine.model_path {self.model_path!r} is not a "
+                f"simulator model (names start with {SIMULATOR_MODEL_PREFIX!r}); set "
+                f"engine.kind: sglang to run the real model")
+        return self
 
     @model_validator(mode="after")
     def _mamba_slots(self) -> "EngineConfig":
@@ -93,6 +120,15 @@ class EngineConfig(StrictModel):
                 f"max_running_requests ({self.max_running_requests}); raise it to "
                 f"{5 * self.max_running_requests} or lower max_running_requests")
         return self
+
+    @property
+    def reserved_tokens(self) -> int:
+        """SGLang's speculative reserve per request (context_budget.reserved_tokens)."""
+        spec = self.speculative
+        if spec is None:
+            return 0
+        return context_budget.reserved_tokens(spec.algorithm, spec.num_steps, spec.eagle_topk,
+                                              spec.num_draft_tokens)
 
     @property
     def model_name(self) -> str:

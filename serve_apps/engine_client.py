@@ -5,6 +5,14 @@ text): connection problems and 503 -> EngineUnavailable (retry), other 5xx ->
 EngineServerError (retry, bounded), 408/429 -> EngineBusy (retry with backoff), other
 4xx -> EngineBadRequest (record, do not retry).
 
+Keep-alive: SGLang's uvicorn closes idle connections after 5 s
+(SGLANG_TIMEOUT_KEEP_ALIVE); the pool drops them after KEEPALIVE_S < 5 s, and a request
+whose pooled connection the server closed anyway (ServerDisconnectedError: no byte of
+a response) is sent once more on a new connection. aiohttp itself never retries a POST.
+
+Every /generate sets ``require_reasoning``: SGLang counts ``reasoning_tokens`` only then
+(otherwise it reports 0).
+
 ``parse_meta`` reads meta_info across SGLang versions: speculative fields were renamed
 (0.5.5 ``spec_accept_length``; later ``spec_accept_rate``/``spec_num_correct_drafts``);
 only ``spec_verify_ct`` is stable, so accept length is always completion_tokens /
@@ -35,6 +43,8 @@ class EngineOutput:
     reasoning_tokens: Optional[int]
     spec_verify_ct: Optional[int]
     e2e_latency_s: Optional[float]
+    spec_accept_rate: Optional[float] = None   # drafts accepted / drafts proposed (0.5.23)
+    num_retractions: Optional[int] = None      # times SGLang evicted the request under KV pressure
 
 
 def parse_meta(body: dict[str, Any]) -> EngineOutput:
@@ -60,7 +70,19 @@ def parse_meta(body: dict[str, Any]) -> EngineOutput:
         reasoning_tokens=meta.get("reasoning_tokens"),
         spec_verify_ct=int(verify) if verify else None,
         e2e_latency_s=meta.get("e2e_latency"),
+        spec_accept_rate=meta.get("spec_accept_rate"),
+        num_retractions=meta.get("num_retractions"),
     )
+
+
+def effective_running_cap(server_info: dict[str, Any]) -> Optional[int]:
+    """The running-request cap the scheduler really uses (it can be below the flag:
+    memory, speculative decoding, mamba cache); None when the server does not say."""
+    states = server_info.get("internal_states") or [{}]
+    cap = (states[0] or {}).get("effective_max_running_requests_per_dp")
+    if cap is None:
+        cap = server_info.get("max_running_requests")
+    return None if cap is None else int(cap)
 
 
 def _error_message(status: int, payload: Union[dict, str]) -> str:
@@ -70,6 +92,17 @@ def _error_message(status: int, payload: Union[dict, str]) -> str:
             msg = msg.get("message", msg)
         return f"HTTP {status}: {msg}"
     return f"HTTP {status}: {str(payload)[:500]}"
+
+
+# Below uvicorn's 5 s timeout_keep_alive, so the pool never reuses a connection the
+# server is about to close.
+KEEPALIVE_S = 4.0
+
+
+def generate_body(input_ids: list[int], sampling: dict[str, Any], rid: str) -> dict[str, Any]:
+    """The /generate request raygen sends (require_reasoning: see the module docstring)."""
+    return {"input_ids": input_ids, "sampling_params": sampling, "rid": rid, "stream": False,
+            "require_reasoning": True}
 
 
 class EngineClient:
@@ -83,22 +116,31 @@ class EngineClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=self._max_connections))
+                connector=aiohttp.TCPConnector(limit=self._max_connections,
+                                               keepalive_timeout=KEEPALIVE_S))
         return self._session
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
+    async def _send(self, method: str, path: str, json: Optional[dict]) -> tuple[int, Any]:
+        async with self._get_session().request(method, self.base_url + path,
+                                               json=json) as resp:
+            if resp.content_type == "application/json":
+                payload = await resp.json()
+            else:
+                payload = await resp.text()
+            return resp.status, payload
+
     async def _request(self, method: str, path: str, json: Optional[dict] = None) -> Any:
         try:
-            async with self._get_session().request(method, self.base_url + path,
-                                                   json=json) as resp:
-                if resp.content_type == "application/json":
-                    payload = await resp.json()
-                else:
-                    payload = await resp.text()
-                status = resp.status
+            try:
+                status, payload = await self._send(method, path, json)
+            except aiohttp.ServerDisconnectedError:
+                # The server closed the (pooled) connection before answering: the request
+                # never ran to a response; once more on a fresh connection.
+                status, payload = await self._send(method, path, json)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                 asyncio.TimeoutError) as exc:
             raise EngineUnavailable(f"{type(exc).__name__} calling {path}: {exc}") from exc
@@ -115,9 +157,8 @@ class EngineClient:
 
     async def generate(self, input_ids: list[int], sampling: dict[str, Any],
                        rid: str) -> EngineOutput:
-        body = {"input_ids": input_ids, "sampling_params": sampling, "rid": rid,
-                "stream": False}
-        return parse_meta(await self._request("POST", "/generate", json=body))
+        return parse_meta(await self._request("POST", "/generate",
+                                              json=generate_body(input_ids, sampling, rid)))
 
     async def tokenize(self, text: str) -> list[int]:
         payload = await self._request("POST", "/tokenize",

@@ -19,8 +19,8 @@ from ray import serve
 
 from serve_apps.chat_format import model_template_renderer, render_prompt
 from serve_apps.config import EngineConfig
-from serve_apps.engine_client import EngineClient
-from serve_apps.engine_process import EngineProcess, free_port
+from serve_apps.engine_client import EngineClient, effective_running_cap
+from serve_apps.engine_process import start_engine
 from serve_apps.engines import launch_command
 from serve_apps.errors import EngineDead
 from serve_apps.generation import Generator
@@ -43,17 +43,16 @@ class EngineReplica:
     def __init__(self, engine_config: dict[str, Any]):
         self.cfg = EngineConfig.model_validate(engine_config)
         self.replica_id = _replica_id()
-        host, port = "127.0.0.1", free_port()
-        self.engine = EngineProcess(launch_command(self.cfg, host, port, free_port()),
-                                    host, port, name=f"engine[{self.replica_id}]")
-        self.engine.start()
-        self.engine.wait_ready(self.cfg.start_timeout_s)
+        host = "127.0.0.1"
+        self.engine = start_engine(lambda port: launch_command(self.cfg, host, port), host,
+                                   self.cfg.start_timeout_s, name=f"engine[{self.replica_id}]")
         self.client = EngineClient(self.engine.base_url, self.cfg.request_timeout_s)
         render = (model_template_renderer(self.cfg.model_path)
                   if self.cfg.chat_template == "model" else render_prompt)
         self.generator = Generator(self.client, self.cfg.context_length,
                                    self.cfg.think_end_token, self.replica_id,
-                                   engine_alive=self.engine.is_alive, render=render)
+                                   engine_alive=self.engine.is_alive, render=render,
+                                   reserved_tokens=self.cfg.reserved_tokens)
         self.metrics = ReplicaMetrics(self.cfg.model_name)
         self._inflight = 0
         self._relay_task: asyncio.Task | None = None
@@ -75,12 +74,15 @@ class EngineReplica:
 
     async def info(self) -> dict[str, Any]:
         self._ensure_relay()
+        server_info = await self.client.server_info()
         return {"replica": self.replica_id, "model": self.cfg.model_name,
                 "engine_config_hash": self.cfg.config_hash(),
                 "context_length": self.cfg.context_length, "engine_pid": self.engine.pid,
                 "engine_url": self.engine.base_url,
-                "max_running_requests": self.cfg.max_running_requests,
-                "server_info": await self.client.server_info()}
+                # What the engine's scheduler really runs at once, not what we asked for.
+                "max_running_requests": (effective_running_cap(server_info)
+                                         or self.cfg.max_running_requests),
+                "server_info": server_info}
 
     async def count_prompt_tokens(self, prompts: list[dict[str, Any]]) -> list[int]:
         """Prompt tokens of chat prompts (template applied), for the context pre-check."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Optional
+from typing import Callable, Optional
 
 from serve_apps.errors import EngineStartError
 
@@ -34,6 +35,65 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+# --- the engine's HTTP port ------------------------------------------------------------
+# An engine binds its port minutes after we choose it (weights, graph capture). A port
+# from the ephemeral range can be taken meanwhile by any outgoing connection, so it is
+# chosen below that range, and the start is retried on a new port if the bind fails.
+LOW_PORT = 10000
+START_ATTEMPTS = 3
+_ADDRESS_IN_USE = "address already in use"
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    try:
+        with open(path) as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def engine_port(host: str = "127.0.0.1", rng: Optional[random.Random] = None) -> int:
+    """A port that is free now and outside the OS's ephemeral range."""
+    rng = rng or random.Random()
+    low, high = ephemeral_range()
+    candidates = ([(LOW_PORT, low - 1)] if low - 1 > LOW_PORT else []) + \
+                 ([(high + 1, 65535)] if high < 65535 else [])
+    if not candidates:
+        return free_port(host)
+    for _ in range(200):
+        lo, hi = rng.choice(candidates)
+        port = rng.randint(lo, hi)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    return free_port(host)
+
+
+def start_engine(command_for_port: Callable[[int], list[str]], host: str, timeout_s: float,
+                 name: str = "engine",
+                 pick_port: Callable[[], int] = engine_port) -> "EngineProcess":
+    """Start an engine and wait until healthy; on "address already in use" try a new port."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        port = pick_port()
+        engine = EngineProcess(command_for_port(port), host, port, name=name)
+        engine.start()
+        try:
+            engine.wait_ready(timeout_s)
+            return engine
+        except EngineStartError as exc:
+            engine.stop()
+            if _ADDRESS_IN_USE not in str(exc).lower() or attempt == START_ATTEMPTS:
+                raise
+            logger.warning("%s: port %d was taken before the engine bound it; retrying on "
+                           "another port (attempt %d of %d)", name, port, attempt + 1,
+                           START_ATTEMPTS)
+    raise AssertionError("unreachable")
 
 
 class EngineProcess:

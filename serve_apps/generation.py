@@ -9,11 +9,12 @@ Continuation (``prompt_len`` set): ``input_ids`` = prompt + earlier output, sent
 result then carries the whole output (ids and text); its counts (completion_tokens,
 spec_verify_ct, latency_s) are of the new segment only, which the job adds up.
 
-Context guard: prompt tokens + budget must fit ``context_length``. Policy ``clamp``
+Context guard: the budget must fit the room SGLang really gives (context_budget.room:
+its speculative reserve, its scheduler's input limit and silent clamp). Policy ``clamp``
 shrinks the budget and records ``budget_clamped_by="context_guard"``; ``reject``
-fails the row as ``context_overflow``. A prompt that alone fills the context is
-always rejected. If the engine enforces a smaller budget than we asked (its own silent
-clamp), ``budget_clamped_by="engine"`` records it.
+fails the row as ``context_overflow``. A prompt SGLang would refuse is always
+rejected as ``context_overflow`` (never sent, so never a bad_request). If the engine
+still enforces a smaller budget than we asked, ``budget_clamped_by="engine"`` records it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from serve_apps import context_budget
 from serve_apps.chat_format import render_prompt, split_reasoning
 from serve_apps.engine_client import EngineClient, EngineOutput
 from serve_apps.errors import ContextOverflow, EngineAborted, EngineDead, EngineError
@@ -34,13 +36,15 @@ MIN_USEFUL_BUDGET = 16
 class Generator:
     def __init__(self, client: EngineClient, context_length: int, think_end: str,
                  replica_id: str, engine_alive: Callable[[], bool],
-                 render: Callable[..., str] = render_prompt):
+                 render: Callable[..., str] = render_prompt, reserved_tokens: int = 0):
         self.client = client
         self.context_length = context_length
+        self.reserved_tokens = reserved_tokens  # SGLang's speculative reserve (see context_budget)
         self.think_end = think_end
         self.replica_id = replica_id
         self._engine_alive = engine_alive
         self._render = render
+        self._think_end_ids: Optional[list[int]] = None  # tokenized once, for the fallback
 
     async def prompt_ids(self, request: dict[str, Any]) -> list[int]:
         if request.get("input_ids"):
@@ -49,16 +53,17 @@ class Generator:
         return await self.client.tokenize(text)
 
     def fit_budget(self, prompt_len: int, budget: int, policy: str) -> int:
-        room = self.context_length - prompt_len
+        room = context_budget.room(self.context_length, prompt_len, self.reserved_tokens)
         if room >= budget:
             return budget
         if policy == "clamp" and room >= MIN_USEFUL_BUDGET:
             return room
         raise ContextOverflow(
             f"prompt has {prompt_len} tokens and asks for {budget} new tokens, but "
-            f"context_length is {self.context_length} (room for {max(room, 0)}). Raise "
-            f"engine.context_length, lower job.max_new_tokens, or use "
-            f"job.context_policy=clamp.")
+            f"context_length {self.context_length} leaves room for {max(room, 0)} in SGLang "
+            f"(speculative reserve {self.reserved_tokens}, scheduler margin "
+            f"{context_budget.SCHEDULER_CLAMP_MARGIN}). Raise engine.context_length, lower "
+            f"job.max_new_tokens, or use job.context_policy=clamp.")
 
     async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
         key = request["key"]
@@ -76,6 +81,8 @@ class Generator:
             else:  # continuation: ids = prompt + earlier output; decode the whole output
                 prompt_ids, output_ids = ids[:prompt_len], ids[prompt_len:] + out.output_ids
                 text = await self.client.detokenize(output_ids)
+            if out.reasoning_tokens is None and self._think_end_ids is None:
+                self._think_end_ids = await self.client.tokenize(self.think_end)
         except EngineError as exc:
             if exc.retryable and not self._engine_alive():
                 raise EngineDead(f"engine process exited: {exc}") from exc
@@ -100,7 +107,7 @@ class Generator:
             "prompt_tokens": len(ids),
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,
-            "reasoning_tokens": _reasoning_tokens(out, finished_thinking),
+            "reasoning_tokens": _reasoning_tokens(out, finished_thinking, self._think_end_ids),
             "spec_verify_ct": verify,
             "accept_length": (out.completion_tokens / verify) if verify else None,
             "latency_s": latency_s, "replica": self.replica_id,
@@ -122,7 +129,16 @@ def check_finish(out: EngineOutput) -> None:
         raise EngineAborted("engine produced NaN logits (finish matched 'NaN happened')")
 
 
-def _reasoning_tokens(out: EngineOutput, finished_thinking: bool) -> Optional[int]:
+def _reasoning_tokens(out: EngineOutput, finished_thinking: bool,
+                      think_end_ids: Optional[list[int]]) -> Optional[int]:
+    """SGLang's count (sent require_reasoning); else the tokens through the first think end."""
     if out.reasoning_tokens is not None:
         return int(out.reasoning_tokens)
-    return None if finished_thinking else out.completion_tokens
+    ids, n = out.output_ids, len(think_end_ids or ())
+    if n:
+        for i in range(len(ids) - n + 1):
+            if ids[i:i + n] == think_end_ids:
+                return i + n
+    # No think end in this segment: all of it was reasoning, unless thinking had ended
+    # in an earlier segment of a continued row.
+    return 0 if finished_thinking else out.completion_tokens

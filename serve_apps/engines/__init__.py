@@ -11,15 +11,17 @@ if TYPE_CHECKING:
     from serve_apps.config import EngineConfig
 
 
-def launch_command(cfg: "EngineConfig", host: str, port: int, nccl_port: int) -> list[str]:
+def launch_command(cfg: "EngineConfig", host: str, port: int) -> list[str]:
     if cfg.kind == "sglang":
         from serve_apps.engines import sglang
-        return sglang.build_command(cfg, host, port, nccl_port)
+        return sglang.build_command(cfg, host, port)
     from serve_apps.engines.simulator import launch
     settings = cfg.simulator.model_copy(update={
         "model_name": cfg.model_name,
         "context_length": cfg.context_length,
         "max_running_requests": cfg.max_running_requests,
+        "speculative_reserved_tokens": cfg.reserved_tokens,
+        **({"speculative_num_draft_tokens": cfg.speculative.num_draft_tokens} if cfg.speculative else {}),
         # Speculative stats appear only when speculative decoding is on, as in SGLang.
         **({} if cfg.speculative else {"accept_length": 0.0}),
     })

@@ -19,13 +19,14 @@ def _flag(name: str) -> str:
     return name if name.startswith("--") else f"--{name.replace('_', '-')}"
 
 
-def build_command(cfg: "EngineConfig", host: str, port: int, nccl_port: int,
+def build_command(cfg: "EngineConfig", host: str, port: int,
                   python: str = sys.executable) -> list[str]:
     args: list[str] = [
         python, "-m", "sglang.launch_server",
         "--model-path", cfg.model_path,
         "--host", host, "--port", str(port),
-        "--nccl-port", str(nccl_port),
+        # No --nccl-port: SGLang picks its own when it binds it (a port chosen here could
+        # be taken during the minutes of weight loading before that).
         # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU: it is GPU 0 here.
         "--base-gpu-id", "0", "--tp-size", "1",
         "--context-length", str(cfg.context_length),

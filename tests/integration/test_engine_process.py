@@ -1,11 +1,14 @@
 """The engine supervisor with a real simulator process: start, health, stop, no orphans,
-death while starting, and the guard killing the engine when its replica is SIGKILLed."""
+death while starting, the guard killing the engine when its replica is SIGKILLed, and the
+HTTP port: chosen outside the ephemeral range, retried when taken before the bind."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +18,8 @@ import pytest
 
 from serve_apps.config import EngineConfig
 from serve_apps.engine_client import EngineClient
-from serve_apps.engine_process import EngineProcess, free_port
+from serve_apps.engine_process import (EngineProcess, engine_port, ephemeral_range, free_port,
+                                       start_engine)
 from serve_apps.engines import launch_command
 from serve_apps.errors import EngineStartError
 from serve_apps.generation import Generator
@@ -43,7 +47,7 @@ def _engine(**sim) -> EngineProcess:
                        speculative={"algorithm": "NEXTN"},
                        simulator={"time_scale": 0.001, **sim})
     port = free_port()
-    return EngineProcess(launch_command(cfg, "127.0.0.1", port, free_port()), "127.0.0.1",
+    return EngineProcess(launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
                          port, name="engine-test")
 
 
@@ -71,6 +75,48 @@ def test_engine_dying_while_starting_fails_fast_with_its_output():
         engine.wait_ready(timeout_s=60)
     assert time.monotonic() - started < 30
     assert "no-such-flag" in engine.last_lines()
+
+
+def test_engine_port_is_outside_the_ephemeral_range():
+    low, high = ephemeral_range()
+    rng = random.Random(7)
+    ports = [engine_port(rng=rng) for _ in range(50)]
+    assert all(p < low or p > high for p in ports), (low, high, ports)
+    assert all(p >= 1024 for p in ports)
+
+
+def test_engine_start_retries_on_a_port_taken_before_the_bind():
+    """Another socket takes the chosen port before the engine binds it: the engine dies
+    with "address already in use" and the start is retried on a new port."""
+    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken, free_port()])
+    try:
+        engine = start_engine(lambda port: launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
+                              timeout_s=60, name="engine-port-test", pick_port=lambda: next(ports))
+    finally:
+        squatter.close()
+    try:
+        assert engine.port != taken and engine.health_ok()
+    finally:
+        engine.stop()
+
+
+def test_engine_start_gives_up_after_the_last_attempt():
+    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    try:
+        with pytest.raises(EngineStartError, match="(?i)address already in use"):
+            start_engine(lambda port: launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
+                         timeout_s=60, name="engine-port-test", pick_port=lambda: taken)
+    finally:
+        squatter.close()
 
 
 def test_startup_timeout_names_the_setting():
@@ -118,7 +164,9 @@ def _generate(engine: EngineProcess, *requests: dict, context_length: int = 8192
     """Run requests through one Generator inside one event loop (as a replica does)."""
     async def go():
         client = EngineClient(engine.base_url, 30)
-        gen = Generator(client, context_length, "</think>", "r0", engine.is_alive)
+        # The engine runs NEXTN 3/1/4: SGLang (and the simulator) reserve 4 tokens per request.
+        gen = Generator(client, context_length, "</think>", "r0", engine.is_alive,
+                        reserved_tokens=4)
         try:
             return [await gen.generate(r) for r in requests]
         finally:
@@ -151,9 +199,9 @@ def test_context_guard_clamps_or_rejects(sim_engine):
     big = _request(max_new_tokens=8190)
     rejected, clamped = _generate(sim_engine, big, dict(big, context_policy="clamp"))
     assert rejected["error_class"] == "context_overflow" and not rejected["retryable"]
-    assert "context_length is 8192" in rejected["error_message"]
+    assert "context_length 8192 leaves room for" in rejected["error_message"]
     assert clamped["error_class"] is None
-    room = 8192 - clamped["prompt_tokens"]
+    room = 8192 - clamped["prompt_tokens"] - 4  # SGLang's speculative reserve
     assert clamped["effective_max_new_tokens"] == room < 8190
     assert clamped["budget_clamped_by"] == "context_guard"
 

@@ -18,8 +18,9 @@ Design decisions:
   reproduces tokens k.. of a single long run exactly.
 - Speed: the whole output is generated at admission in tight word loops
   between the few structural positions (well under 1 us per token in CPython).
-- Finish order mirrors SGLang's Req.check_finished: length first, then EOS /
-  stop_token_ids (skipped with ignore_eos), then stop strings.
+- Finish order mirrors SGLang's Req.update_finish_state: stop strings first, then
+  EOS / stop_token_ids (skipped with ignore_eos), then length (an EOS on the last
+  allowed token is a stop, not a length finish).
 - min_new_tokens defers the EOS and ignores stop matches before that many
   tokens (SGLang masks stop tokens there).
 """
@@ -184,17 +185,17 @@ def _stop_token_hit(out: list[int], stop_ids: frozenset[int], first_idx: int) ->
 
 
 def _finish(out: list[int], max_new: int, min_new: int, stops: Sequence[str], stop_ids: frozenset[int], skip_special: bool):
-    """(cut index or None, finish_reason) following SGLang's check order at each token."""
+    """(cut index or None, finish_reason) following Req.update_finish_state's order at each token:
+    stop string, then stop token/EOS, then length (schedule_batch.py)."""
     first = max(min_new - 1, 0)
     tok_i = _stop_token_hit(out, stop_ids, first) if stop_ids else None
     str_hit = _stop_string_hit(out, stops, first, skip_special)
-    cands = [i for i in (tok_i, str_hit[0] if str_hit else None) if i is not None]
-    i = min(cands) if cands else None
-    if i is None or i + 1 >= max_new:  # length is checked before stop conditions
-        return None, {"type": "length", "length": max_new}
-    if i == tok_i:
-        return i, {"type": "stop", "matched": out[i]}
-    return i, {"type": "stop", "matched": str_hit[1]}
+    str_i = str_hit[0] if str_hit else None
+    if str_i is not None and (tok_i is None or str_i <= tok_i):
+        return str_i, {"type": "stop", "matched": str_hit[1]}
+    if tok_i is not None:
+        return tok_i, {"type": "stop", "matched": out[tok_i]}
+    return None, {"type": "length", "length": max_new}
 
 
 def generate(
@@ -244,9 +245,23 @@ def natural_output_length(input_ids: Sequence[int], params: LengthParams) -> int
     return max(plan.length - len(input_ids[k:]), 1)
 
 
-def spec_fields(completion_tokens: int, accept_length: float | None) -> dict[str, float | int]:
-    """meta_info speculative fields; empty when speculative decoding is off."""
+def spec_fields(completion_tokens: int, accept_length: float | None, num_draft_tokens: int = 4) -> dict[str, float | int]:
+    """meta_info speculative fields as TokenizerManager builds them; empty when speculative decoding is off.
+
+    Each verify step accepts some drafts plus one bonus token, so correct drafts =
+    completion - verify; proposed = verify * (num_draft_tokens - 1).
+    """
     if accept_length is None:
         return {}
     verify = max(1, math.ceil(completion_tokens / accept_length))
-    return {"spec_verify_ct": verify, "spec_accept_length": completion_tokens / verify}
+    proposed = verify * (num_draft_tokens - 1)
+    if proposed <= 0:
+        return {}
+    correct = max(0, completion_tokens - verify)
+    return {
+        "spec_accept_rate": correct / proposed,
+        "spec_accept_length": completion_tokens / verify,
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": proposed,
+        "spec_verify_ct": verify,
+    }

@@ -17,16 +17,18 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
 from serve_apps.engines.simulator import tokenizer as tk
 
-ALLOWED_SAMPLING_KEYS = frozenset(
-    "max_new_tokens min_new_tokens stop stop_token_ids temperature top_p top_k min_p frequency_penalty "
-    "presence_penalty repetition_penalty ignore_eos skip_special_tokens spaces_between_special_tokens "
-    "no_stop_trim n sampling_seed json_schema regex ebnf logit_bias custom_params".split()
-)
+# sglang/api/v1 contract (GenerateSamplingParams), in its order: the unknown-field message lists them so.
+SAMPLING_CONTRACT_KEYS = (
+    "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty "
+    "presence_penalty repetition_penalty min_new_tokens n json_schema regex ebnf structural_tag ignore_eos "
+    "skip_special_tokens spaces_between_special_tokens no_stop_trim stream_interval logit_bias sampling_seed "
+    "custom_params beam_width watermark choice"
+).split()
+ALLOWED_SAMPLING_KEYS = frozenset(SAMPLING_CONTRACT_KEYS)
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
 MAX_TOKEN_ID = 2**31
 
@@ -39,13 +41,18 @@ class RequestError(Exception):
         self.status = status
 
 
+class ContractError(RequestError):
+    """The body breaks SGLang's typed /generate contract (sglang/api/v1): a plain-string error body."""
+
+
 def error_body(message: str, status: int) -> dict[str, Any]:
-    """SGLang's ErrorResponse shape; type is the status phrase without spaces (BadRequest, InternalServerError...)."""
-    try:
-        err_type = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
-    except ValueError:
-        err_type = "Error"
-    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+    """http_server._create_error_response: ``{"error": {"message": ...}}``."""
+    return {"error": {"message": message}}
+
+
+def contract_error_body(message: str) -> dict[str, Any]:
+    """http_server.generate_request on a contract error: ``{"error": "<message>"}``."""
+    return {"error": message}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,7 @@ class GenerateRequest:
     ignore_eos: bool
     skip_special_tokens: bool
     no_stop_trim: bool
+    require_reasoning: bool = False
 
 
 def parse_generate(body: Any) -> GenerateRequest:
@@ -72,9 +80,10 @@ def parse_generate(body: Any) -> GenerateRequest:
         raise RequestError("the simulator accepts one prompt per request")
     if not isinstance(sp, dict):
         raise RequestError("sampling_params must be a JSON object.")
-    unknown = sorted(set(sp) - ALLOWED_SAMPLING_KEYS)
+    unknown = [k for k in sp if k not in ALLOWED_SAMPLING_KEYS]  # the first one, as serde reports it
     if unknown:
-        raise RequestError(f"Unknown sampling parameter(s): {', '.join(unknown)}. Supported: {', '.join(sorted(ALLOWED_SAMPLING_KEYS))}.")
+        expected = ", ".join(f"`{k}`" for k in SAMPLING_CONTRACT_KEYS)
+        raise ContractError(f"unknown field `{unknown[0]}`, expected one of {expected}")
     _verify_ranges(sp)
     rid = body.get("rid")
     if isinstance(rid, list):
@@ -91,6 +100,7 @@ def parse_generate(body: Any) -> GenerateRequest:
         ignore_eos=_opt_bool(sp, "ignore_eos", False),
         skip_special_tokens=_opt_bool(sp, "skip_special_tokens", True),
         no_stop_trim=_opt_bool(sp, "no_stop_trim", False),
+        require_reasoning=_opt_bool(body, "require_reasoning", False),
     )
 
 
@@ -117,42 +127,60 @@ def _parse_input(body: dict) -> list[int]:
     return ids
 
 
-def check_context(n_input: int, req: GenerateRequest, context_length: int) -> int:
-    """SGLang's context checks (same wording); returns the effective max_new_tokens."""
-    if n_input >= context_length:
-        raise RequestError(f"The input ({n_input} tokens) is longer than the model's context length ({context_length} tokens).")
-    if req.max_new_tokens is None:
-        # Absent: SGLang skips the check and its scheduler clamps the default to the room left.
-        return min(DEFAULT_MAX_NEW_TOKENS, context_length - n_input)
-    total = n_input + req.max_new_tokens
-    if total > context_length:
+# Scheduler limits (scheduler.py / tp_worker.py): max_req_len = context - 1,
+# max_req_input_len = max_req_len - 5, and init_req_max_new_tokens clamps to max_req_len - input - 1.
+SCHEDULER_INPUT_MARGIN = 6
+SCHEDULER_CLAMP_MARGIN = 2
+
+
+def check_context(n_input: int, req: GenerateRequest, context_length: int, reserved_tokens: int = 0) -> int:
+    """SGLang's three context checks, in its order and wording; returns the max_new_tokens it enforces.
+
+    1. tokenizer_manager._validate_one_request (input counted with the speculative reserve);
+    2. managers/utils.validate_input_length in the scheduler;
+    3. Scheduler.init_req_max_new_tokens: the silent clamp.
+    """
+    counted = n_input + reserved_tokens
+    if counted >= context_length:
+        raise RequestError(f"The input ({counted} tokens) is longer than the model's context length ({context_length} tokens).")
+    if req.max_new_tokens is not None and req.max_new_tokens + counted > context_length:
+        total = counted + req.max_new_tokens
         raise RequestError(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
-            f"You requested a total of {total} tokens: {n_input} tokens from the input messages and "
+            f"You requested a total of {total} tokens: {counted} tokens from the input messages and "
             f"{req.max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
             "messages or the completion to fit within the limit."
         )
-    return req.max_new_tokens
+    max_input = context_length - SCHEDULER_INPUT_MARGIN
+    if n_input >= max_input:
+        raise RequestError(
+            f"Input length ({n_input} tokens) exceeds the maximum allowed length ({max_input} tokens). "
+            "Use a shorter input or enable --allow-auto-truncate."
+        )
+    wanted = DEFAULT_MAX_NEW_TOKENS if req.max_new_tokens is None else req.max_new_tokens
+    return max(0, min(wanted, context_length - n_input - SCHEDULER_CLAMP_MARGIN))
 
 
 def _verify_ranges(sp: dict) -> None:
     """SGLang's SamplingParams.verify checks, same messages."""
+    # (key, ok, message): sampling/sampling_params.py SamplingParams.verify, in its order; the value
+    # is quoted as the JSON had it (-1 stays "-1", -1.0 stays "-1.0"), as SGLang's HTTP path does.
     checks = (
-        ("temperature", lambda v: v >= 0, "temperature must be non-negative, got {}."),
+        ("temperature", lambda v: math.isfinite(v) and v >= 0, "temperature must be a non-negative finite number, got {}."),
         ("top_p", lambda v: 0 < v <= 1, "top_p must be in (0, 1], got {}."),
         ("min_p", lambda v: 0 <= v <= 1, "min_p must be in [0, 1], got {}."),
-        ("top_k", lambda v: v == -1 or v >= 1, "top_k must be -1 (disable), or at least 1, got {}."),
+        ("top_k", lambda v: v == -1 or v >= 1, "top_k must be -1 (disable) or at least 1, got {}."),
         ("frequency_penalty", lambda v: -2 <= v <= 2, "frequency_penalty must be in [-2, 2], got {}."),
         ("presence_penalty", lambda v: -2 <= v <= 2, "presence_penalty must be in [-2, 2], got {}."),
-        ("repetition_penalty", lambda v: 0 <= v <= 2, "repetition_penalty must be in [0, 2], got {}."),
-        ("max_new_tokens", lambda v: v >= 0, "max_new_tokens must be at least 0, got {}."),
+        ("repetition_penalty", lambda v: 0 < v <= 2, "repetition_penalty must be in (0, 2] (1.0 = no penalty), got {}."),
         ("min_new_tokens", lambda v: v >= 0, "min_new_tokens must be in [0, max_new_tokens], got {}."),
+        ("max_new_tokens", lambda v: v >= 0, "max_new_tokens must be at least 0, got {}."),
     )
     for key, ok, msg in checks:
         v = sp.get(key)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RequestError(f"{key} must be a number, got {v!r}.")
         if not ok(v):
             raise RequestError(msg.format(v))

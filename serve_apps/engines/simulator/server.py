@@ -35,7 +35,14 @@ from serve_apps.engines.simulator import model
 from serve_apps.engines.simulator import tokenizer as tk
 from serve_apps.engines.simulator.metrics import build_registry
 from serve_apps.engines.simulator.prefix_cache import PrefixCache
-from serve_apps.engines.simulator.protocol import RequestError, check_context, error_body, parse_generate
+from serve_apps.engines.simulator.protocol import (
+    ContractError,
+    RequestError,
+    check_context,
+    contract_error_body,
+    error_body,
+    parse_generate,
+)
 from serve_apps.engines.simulator.scheduler import Scheduler
 from serve_apps.engines.simulator.settings import FAULT_FIELDS, SimulatorSettings
 
@@ -46,6 +53,11 @@ SHUTDOWN_GRACE_S = 1.0
 
 def _error(message: str, status: int) -> web.Response:
     return web.json_response(error_body(message, status), status=status)
+
+
+def _request_error(e: RequestError) -> web.Response:
+    body = contract_error_body(str(e)) if isinstance(e, ContractError) else error_body(str(e), e.status)
+    return web.json_response(body, status=e.status)
 
 
 class Simulator:
@@ -77,6 +89,7 @@ class Simulator:
     # ---- /generate ------------------------------------------------------
     async def generate(self, request: web.Request) -> web.Response:
         arrival = time.monotonic()
+        received_ts = time.time()
         self._count_for_crash()
         if not self.ready():
             return _error("The server is starting up; retry later.", 503)
@@ -86,9 +99,11 @@ class Simulator:
             return _error("The request body is not valid JSON.", 400)
         try:
             req = parse_generate(body)
-            max_new = check_context(len(req.input_ids), req, self.settings.context_length)
+            max_new = check_context(
+                len(req.input_ids), req, self.settings.context_length, self.settings.speculative_reserved_tokens
+            )
         except RequestError as e:
-            return _error(str(e), e.status)
+            return _request_error(e)
         failed = self.rng.random() < self.settings.error_rate
         slow = self.rng.random() < self.settings.slow_rate
         if failed:
@@ -107,7 +122,7 @@ class Simulator:
         n_in, n_out = len(req.input_ids), len(gen.output_ids)
         cached = self.cache.match(req.input_ids)
         self.cache.insert(req.input_ids)
-        spec = model.spec_fields(n_out, gen.plan.accept_length)
+        spec = model.spec_fields(n_out, gen.plan.accept_length, self.settings.speculative_num_draft_tokens)
         await self.scheduler.run(
             n_in,
             n_in - cached,
@@ -116,16 +131,33 @@ class Simulator:
             verify_steps=int(spec.get("spec_verify_ct", 0)),
         )
         self.cache.insert(req.input_ids + gen.output_ids)  # finished requests leave prompt+output cached
+        # The keys (and order) of TokenizerManager's meta_info for a finished request.
         meta: dict[str, Any] = {
             "id": req.rid,
             "finish_reason": gen.finish_reason,
             "prompt_tokens": n_in,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "queue_time": 0.0,
+            # Counted only on request (require_reasoning): batch_result_processor._maybe_update_reasoning_tokens.
+            "reasoning_tokens": gen.reasoning_tokens if req.require_reasoning else 0,
             "completion_tokens": n_out,
             "cached_tokens": cached,
-            "reasoning_tokens": gen.reasoning_tokens,
+            "weight_versions": [{"version": "default", "start": 0, "end": n_out}],
+            "cached_tokens_details": None,
+            "dp_rank": None,
             "e2e_latency": time.monotonic() - arrival,
             **spec,
         }
+        # Timing keys SGLang adds (no streaming: the first token leaves with the last).
+        finished_ts = time.time()
+        meta.update(
+            request_received_ts=received_ts,
+            first_token_latency=meta["e2e_latency"],
+            api_server_dispatch_finish_ts=received_ts,
+            request_finished_ts=finished_ts,
+            response_sent_to_client_ts=finished_ts,
+        )
         return web.json_response({"text": gen.text, "output_ids": gen.output_ids, "meta_info": meta})
 
     def _count_for_crash(self) -> None:
@@ -149,6 +181,8 @@ class Simulator:
                 "max_running_requests": s.max_running_requests,
                 "speculative_algorithm": "NEXTN" if s.speculative else None,
                 "version": VERSION,
+                # SGLang appends the scheduler's internal state (scheduler_components/internal_state.py).
+                "internal_states": [{"effective_max_running_requests_per_dp": s.max_running_requests}],
                 "simulator": s.model_dump(),
             }
         )
@@ -207,7 +241,7 @@ async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse
     try:
         return await handler(request)
     except RequestError as e:
-        return _error(str(e), e.status)
+        return _request_error(e)
     except web.HTTPException:
         raise
     except asyncio.CancelledError:

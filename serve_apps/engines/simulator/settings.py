@@ -55,6 +55,15 @@ class SimulatorSettings(BaseModel):
         ge=0,
         description="Mean speculative accept length (tokens per verify step); 0 or 1 = speculative decoding off, no spec fields.",
     )
+    speculative_reserved_tokens: int = Field(
+        0,
+        ge=0,
+        description="Tokens SGLang adds to the input length in its context check with EAGLE-family speculative "
+        "decoding (compute_num_reserved_tokens: 4 for NEXTN 3/1/4).",
+    )
+    speculative_num_draft_tokens: int = Field(
+        4, ge=2, description="--speculative-num-draft-tokens: spec_num_proposed_drafts = verify steps x (this - 1)."
+    )
     length_median_tokens: float = Field(
         2270.0, gt=0, description="Median natural output length in tokens (lognormal, includes the EOS token)."
     )

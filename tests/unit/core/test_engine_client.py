@@ -131,7 +131,7 @@ def test_200_parses_and_sends_body():
     assert out.text == "hi" and out.matched_stop == "2"
     assert seen == {"path": "/generate", "body": {
         "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8}, "rid": "r-1",
-        "stream": False}}
+        "stream": False, "require_reasoning": True}}
 
 
 def test_503_is_unavailable():
@@ -252,3 +252,85 @@ def test_tokenize_and_metrics_text():
         return await client.tokenize("ab"), await client.metrics_text()
 
     assert run(handle, call) == ([1, 2], "# HELP x\nx 1\n")
+
+
+# --- stale keep-alive connections (uvicorn closes idle ones after 5 s) ------------------
+
+GENERATE_OK = (b'{"text": "hi", "output_ids": [7], "meta_info": {"finish_reason": '
+               b'{"type": "length", "length": 1}, "prompt_tokens": 3, "completion_tokens": 1}}')
+
+
+def test_pool_drops_idle_connections_before_sglang_keepalive():
+    # SGLang serves with uvicorn's timeout_keep_alive = SGLANG_TIMEOUT_KEEP_ALIVE (5 s):
+    # a pooled connection older than that may be closed just as a request goes out.
+    from serve_apps.engine_client import KEEPALIVE_S
+
+    async def main():
+        client = EngineClient("http://127.0.0.1:1", request_timeout_s=5)
+        try:
+            return client._get_session().connector._keepalive_timeout
+        finally:
+            await client.close()
+    assert KEEPALIVE_S < 5.0 and asyncio.run(main()) == KEEPALIVE_S
+
+
+def test_request_on_a_connection_the_server_closed_is_sent_again():
+    """The server closes a kept-alive connection as the next request arrives (what a
+    keep-alive timeout racing a request looks like): the call succeeds on a new one."""
+    requests_per_connection: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests_per_connection.append(0)
+        me = len(requests_per_connection) - 1
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            await reader.readexactly(length)
+            requests_per_connection[me] += 1
+            if requests_per_connection[me] > 1:  # the keep-alive timeout fired: no answer
+                writer.close()
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\nConnection: keep-alive\r\n\r\n%s"
+                         % (len(GENERATE_OK), GENERATE_OK))
+            await writer.drain()
+
+    async def main():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = EngineClient(f"http://127.0.0.1:{port}", request_timeout_s=5)
+        try:
+            return [await generate(client), await generate(client)]
+        finally:
+            await client.close()
+            server.close()
+
+    first, second = asyncio.run(main())
+    assert first.text == second.text == "hi"
+    # The second call went out on the kept-alive connection, found it closed, and was
+    # answered on a new one.
+    assert requests_per_connection == [2, 1]
+
+
+def test_server_that_always_disconnects_is_unavailable_after_one_resend():
+    attempts = []
+
+    async def main():
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            attempts.append(1)
+            writer.close()  # no answer at all, every time
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = EngineClient(f"http://127.0.0.1:{port}", request_timeout_s=5)
+        try:
+            await generate(client)
+        finally:
+            await client.close()
+            server.close()
+
+    with pytest.raises(EngineUnavailable, match="ServerDisconnectedError"):
+        asyncio.run(main())
+    assert len(attempts) == 2

@@ -8,7 +8,8 @@
 - Requests: the /generate body EngineClient sends is decoded by SGLang's generated API
   contract (``sglang.api.v1.api_types``), which the server uses to answer 400.
 - Responses: tests/fixtures/sglang/*.json follow the meta_info SGLang 0.5.5, 0.5.15 and
-  0.5.23 build (each file names its source); parse_meta reads each one, and the 0.5.23
+  0.5.23 build (each file names its source; the 0.5.23 ones are recorded from SGLang's
+  real HTTP stack by regen_sglang_fixtures.py); parse_meta reads each one, and the 0.5.23
   ones must also decode with SGLang's ``GenerateResponse``.
 - Routes and semantics that cannot be imported without the GPU stack (/tokenize,
   /server_info, /health, /metrics) are read from the installed 0.5.23 source with ``ast``.
@@ -38,14 +39,14 @@ from tests.unit.production.conftest import REPO, ParseError
 FIXTURES = REPO / "tests" / "fixtures" / "sglang"
 QWEN = REPO / "jobs" / "configs" / "qwen36-27b-b200.yaml"
 DEMO = REPO / "jobs" / "configs" / "demo.yaml"
-HOST, PORT, NCCL_PORT = "127.0.0.1", 31000, 31001
+HOST, PORT = "127.0.0.1", 31000
 DRAFT = "YOUR_ORG/eagle3-draft"  # EAGLE/EAGLE3 need a draft model (speculative.draft_model_path)
 
 
 # --- launch commands --------------------------------------------------------------------
 
 def _argv(cfg: EngineConfig) -> list[str]:
-    cmd = build_command(cfg, HOST, PORT, NCCL_PORT, python="python")
+    cmd = build_command(cfg, HOST, PORT, python="python")
     assert cmd[:3] == ["python", "-m", "sglang.launch_server"], cmd[:3]
     return cmd[3:]
 
@@ -97,7 +98,8 @@ def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
 def _expected_values(cfg: EngineConfig) -> dict[str, Any]:
     spec = cfg.speculative
     return {
-        "model_path": cfg.model_path, "host": HOST, "port": PORT, "nccl_port": NCCL_PORT,
+        # No nccl_port: SGLang picks it itself when it binds it (issue #12).
+        "model_path": cfg.model_path, "host": HOST, "port": PORT, "nccl_port": None,
         "base_gpu_id": 0, "tp_size": 1, "context_length": cfg.context_length,
         "max_running_requests": cfg.max_running_requests,
         "served_model_name": cfg.served_model_name,

@@ -140,11 +140,14 @@ def test_stop_token_ids_and_length_priority():
     g = m.generate(p, P, 8192, stop_token_ids=[tk.THINK_END_ID])
     assert g.finish_reason == {"type": "stop", "matched": tk.THINK_END_ID}
     assert len(g.output_ids) == t + 1 and "</think>" not in g.text
-    # When the stop token is also the last allowed token, SGLang reports "length".
+    # A stop token (or the EOS) on the last allowed token is a stop: SGLang checks stop
+    # strings, then stop tokens, then length (Req.update_finish_state).
     g = m.generate(p, P, t + 1, stop_token_ids=[tk.THINK_END_ID])
-    assert g.finish_reason == {"type": "length", "length": t + 1}
+    assert g.finish_reason == {"type": "stop", "matched": tk.THINK_END_ID}
     g = m.generate(p, P, len(full.output_ids))
-    assert g.finish_reason == {"type": "length", "length": len(full.output_ids)} and g.output_ids == full.output_ids
+    assert g.finish_reason == {"type": "stop", "matched": tk.EOS_ID} and g.output_ids == full.output_ids
+    g = m.generate(p, P, t)
+    assert g.finish_reason == {"type": "length", "length": t}
 
 
 def test_ignore_eos_and_min_new_tokens():
@@ -177,8 +180,9 @@ def test_core_length_uses_last_marker():
 
 def test_spec_fields():
     assert m.spec_fields(10, None) == {}
-    assert m.spec_fields(10, 3.0) == {"spec_verify_ct": 4, "spec_accept_length": 2.5}
-    assert m.spec_fields(0, 3.0) == {"spec_verify_ct": 1, "spec_accept_length": 0.0}
+    assert m.spec_fields(10, 3.0) == {"spec_verify_ct": 4, "spec_accept_length": 2.5, "spec_accept_rate": 0.5,
+                                      "spec_num_correct_drafts": 6, "spec_num_proposed_drafts": 12}
+    assert m.spec_fields(0, 3.0)["spec_verify_ct"] == 1 and m.spec_fields(0, 3.0)["spec_num_correct_drafts"] == 0
     accepts = [m.make_plan(p, P).accept_length for p in random_prompts(500)]
     assert all(2.5 <= a <= 3.5 for a in accepts) and statistics.pstdev(accepts) > 0.2
     off = m.LengthParams(accept_length=1.0)

@@ -25,11 +25,10 @@ def gen(sim, **body):
 
 
 def assert_error(status, body, code, fragment):
+    """SGLang's validation error body: {"error": {"message": ...}} (http_server._create_error_response)."""
     assert status == code, body
-    assert set(body) == {"object", "message", "type", "param", "code"}
-    assert body["object"] == "error" and body["code"] == code and body["param"] is None
-    assert body["type"] == {400: "BadRequest", 500: "InternalServerError", 503: "ServiceUnavailable"}[code]
-    assert fragment in body["message"], body["message"]
+    assert set(body) == {"error"} and set(body["error"]) == {"message"}, body
+    assert fragment in body["error"]["message"], body["error"]["message"]
 
 
 def test_response_shape_and_meta_info(sim_fast):
@@ -44,13 +43,21 @@ def test_response_shape_and_meta_info(sim_fast):
     assert meta["finish_reason"] == {"type": "stop", "matched": tk.EOS_ID}
     assert ids[-1] == tk.EOS_ID and "<|im_end|>" not in body["text"]
     assert meta["prompt_tokens"] == n_in and meta["completion_tokens"] == len(ids) == m.natural_output_length(tk.encode(text), P)
-    assert meta["reasoning_tokens"] == ids.index(tk.THINK_END_ID) + 1
+    # Counted only when asked for (require_reasoning), as SGLang does.
+    assert meta["reasoning_tokens"] == 0
+    assert meta["weight_version"] == "default" and meta["num_retractions"] == 0
     assert isinstance(meta["cached_tokens"], int) and 0 <= meta["cached_tokens"] < n_in
     assert 0 <= meta["e2e_latency"] < 1.0
     verify = meta["spec_verify_ct"]
     assert verify >= 1 and meta["spec_accept_length"] == pytest.approx(len(ids) / verify)
     assert 2.0 <= meta["spec_accept_length"] <= 3.5
+    # TokenizerManager's formulas: drafts proposed = verify x (draft tokens - 1); accepted = the rest.
+    assert meta["spec_num_proposed_drafts"] == verify * 3
+    assert meta["spec_num_correct_drafts"] == len(ids) - verify
+    assert meta["spec_accept_rate"] == pytest.approx((len(ids) - verify) / (verify * 3))
     assert body["text"] == tk.decode(ids[:-1])
+    _, asked = gen(sim_fast, text=text, sampling_params={"max_new_tokens": 8192}, require_reasoning=True)
+    assert asked["meta_info"]["reasoning_tokens"] == ids.index(tk.THINK_END_ID) + 1
     # rid is generated when absent.
     _, other = gen(sim_fast, text=text, sampling_params={"max_new_tokens": 4})
     assert isinstance(other["meta_info"]["id"], str) and other["meta_info"]["id"]
@@ -70,16 +77,18 @@ def test_default_max_new_tokens_is_128(sim_fast):
 
 
 def test_unknown_sampling_key_is_named(sim_fast):
+    # SGLang's typed contract answers with a plain-string error (http_server.generate_request).
     status, body = gen(sim_fast, text="hi", sampling_params={"max_new_tokens": 4, "max_tokens": 10})
-    assert_error(status, body, 400, "max_tokens")
+    assert status == 400 and isinstance(body["error"], str), body
+    assert body["error"].startswith("unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`")
 
 
 @pytest.mark.parametrize(
     "sampling, fragment",
     [
-        ({"temperature": -1}, "temperature must be non-negative"),
+        ({"temperature": -1}, "temperature must be a non-negative finite number, got -1."),
         ({"top_p": 0}, "top_p must be in (0, 1]"),
-        ({"top_k": 0}, "top_k must be -1"),
+        ({"top_k": 0}, "top_k must be -1 (disable) or at least 1, got 0."),
         ({"max_new_tokens": -1}, "max_new_tokens must be at least 0"),
         ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens must be in [0, max_new_tokens(2)]"),
         ({"n": 2}, "n=1"),
@@ -105,11 +114,17 @@ def test_context_length_messages(sim_fast):
         "33000 tokens: 32000 tokens from the input messages and 1000 tokens for the completion. Please reduce the "
         "number of tokens in the input messages or the completion to fit within the limit.",
     )
-    # Exactly filling the context is allowed; the absent default is clamped to the room left.
+    # Exactly filling the context passes the tokenizer manager's check, but the scheduler
+    # silently clamps the budget to context - input - 2 (Scheduler.init_req_max_new_tokens).
     status, body = gen(sim_fast, input_ids=ids[:32000], sampling_params={"max_new_tokens": 768, "ignore_eos": True})
-    assert status == 200 and body["meta_info"]["completion_tokens"] == 768
+    assert status == 200 and body["meta_info"]["finish_reason"] == {"type": "length", "length": 766}
+    assert body["meta_info"]["completion_tokens"] == 766
     status, body = gen(sim_fast, input_ids=ids[:32700], sampling_params={"ignore_eos": True})
-    assert status == 200 and body["meta_info"]["completion_tokens"] == 68
+    assert status == 200 and body["meta_info"]["completion_tokens"] == 66
+    # The scheduler refuses input >= context - 6 (validate_input_length).
+    status, body = gen(sim_fast, input_ids=ids[:32762], sampling_params={"max_new_tokens": 1})
+    assert_error(status, body, 400, "Input length (32762 tokens) exceeds the maximum allowed length (32762 tokens). "
+                 "Use a shorter input or enable --allow-auto-truncate.")
 
 
 @pytest.mark.parametrize(
