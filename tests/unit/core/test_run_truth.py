@@ -10,7 +10,7 @@ from jobs.config import parse_config
 from jobs.pipeline import stage_context
 from jobs.run import RunError, RunState, check_settings, local_output_problem, verdict
 
-BASE = {"engine": {"kind": "simulator", "model_path": "m", "context_length": 16384},
+BASE = {"engine": {"kind": "simulator", "model_path": "sim-m", "context_length": 16384},
         "job": {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r",
                 "max_new_tokens": 4096}}
 
@@ -24,7 +24,7 @@ def _hash(**engine_or_job) -> str:
 
 @pytest.mark.parametrize("change", [
     {"engine": {"chat_template": "model"}},
-    {"engine": {"model_path": "other"}},
+    {"engine": {"model_path": "sim-other"}},
     {"engine": {"served_model_name": "served"}},
     {"engine": {"reasoning_parser": "deepseek-r1"}},
     {"engine": {"think_end_token": "</reason>"}},
