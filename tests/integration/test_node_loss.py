@@ -73,6 +73,7 @@ def test_node_loss_mid_run_then_exact_rerun_and_no_engine_survives(
         wait_for(lambda: len(store.part_paths("data")) >= 4 or first.poll() is not None,
                  180, "the first parts")
         assert first.poll() is None, "the job ended before the kill: slow it down"
+        parts_at_kill = len(store.part_paths("data"))
         node2_engines = cluster.kill_node2()
         assert node2_engines, "node 2 held no engine: the kill proved nothing"
         # Raylet SIGKILL (node loss, machine up): node 2's engines die with it.
@@ -94,8 +95,8 @@ def test_node_loss_mid_run_then_exact_rerun_and_no_engine_survives(
     rerun_out = (tmp_path / "rerun.log").read_text(errors="replace")
     assert rerun_rc == 0, rerun_out[-3000:]
     _assert_exact(store, keys)
-    print(f"first run exit {first_rc}: {first_out.strip().splitlines()[-1]!r}; "
-          f"quarantined {store.quarantined()}")
+    print(f"trial: killed node 2 ({len(node2_engines)} engine(s)) at {parts_at_kill} data "
+          f"parts; first run exit {first_rc}; rerun exact; quarantined {store.quarantined()}")
 
     # `make stack-down` / `ray stop` of this cluster: no engine survives it.
     engines = cluster.engines()
