@@ -91,6 +91,8 @@ class RunStore:
         """"" if the stored part reads back whole with ``rows`` rows, else the problem."""
         try:
             got = self.load_part(path, kind, ["key"] if kind != "rejects" else ["line"])
+        except FileNotFoundError:  # a reader quarantined a damaged first upload meanwhile
+            return "not found"
         except (DamagedPart, *_DAMAGE) as exc:
             return f"{type(exc).__name__}: {exc}"
         return "" if got.num_rows == rows else f"{got.num_rows} rows stored, {rows} written"
