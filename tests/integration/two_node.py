@@ -88,8 +88,12 @@ class TwoNodeCluster:
         return cluster
 
     def _ray_start(self, args: list[str]) -> None:
-        out = subprocess.run([RAY_BIN, "start", *args], env=self.env, capture_output=True,
-                             text=True, timeout=180)
+        try:
+            out = subprocess.run([RAY_BIN, "start", *args], env=self.env, capture_output=True,
+                                 text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            self.stop()  # what it started so far must not outlive the test
+            raise
         if out.returncode != 0:
             self.stop()
             raise RuntimeError(f"ray start {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
