@@ -103,7 +103,7 @@ def session_pids(session: str) -> list[int]:
     """Processes of one Ray cluster: every Ray process names its session dir in argv."""
     pids = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():  # not the caller itself
             try:
                 if session.encode() in (proc / "cmdline").read_bytes():
                     pids.append(int(proc.name))
