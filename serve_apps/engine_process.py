@@ -58,7 +58,8 @@ class EngineProcess:
         logger.info("starting %s: %s", self.name, " ".join(self.command))
         # The guard's parent-death signal fires when the thread that forked it exits
         # (engine_guard.py), so fork from a thread that outlives the guard: it relays the
-        # output, then reaps the guard. Serve may build the replica in a pool thread.
+        # output, then reaps the guard. (Serve 2.60 runs __init__ on its long-lived user
+        # code thread; nothing promises that any caller's thread lives this long.)
         spawned: list = []
         ready = threading.Event()
         self._relay = threading.Thread(target=self._spawn_and_relay, daemon=True,
