@@ -61,7 +61,20 @@ class TwoNodeCluster:
     node2_manager_port: int = 0
 
     @classmethod
-    def start(cls, head_cpus: int = 4, node2_cpus: int = 4) -> "TwoNodeCluster":
+    def start(cls, head_cpus: int = 4, node2_cpus: int = 4, attempts: int = 2
+              ) -> "TwoNodeCluster":
+        """Start both nodes; on a heavily loaded machine `ray start` can miss its own
+        deadlines, so a failed start is stopped and tried once more."""
+        for attempt in range(attempts):
+            try:
+                return cls._start_once(head_cpus, node2_cpus)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, head_cpus: int, node2_cpus: int) -> "TwoNodeCluster":
         # Short: Ray's socket paths live under it (108-byte limit).
         cluster = cls(temp_dir=tempfile.mkdtemp(prefix="rn", dir="/tmp"))
         # Ray 2.60 turns token auth on for a new head by default; a joining node (and
