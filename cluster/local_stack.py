@@ -103,7 +103,7 @@ def session_pids(session: str) -> list[int]:
     """Processes of one Ray cluster: every Ray process names its session dir in argv."""
     pids = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():  # not the caller itself
             try:
                 if session.encode() in (proc / "cmdline").read_bytes():
                     pids.append(int(proc.name))
@@ -112,25 +112,68 @@ def session_pids(session: str) -> list[int]:
     return pids
 
 
+def descendants(pids: list[int]) -> list[int]:
+    """Every process below these (by parent pid), e.g. the engines under Ray's workers:
+    they run in their own sessions and do not name Ray's session dir."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and child not in pids:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_session(session: str, grace_s: float = 15.0) -> None:
+    """Stop one Ray cluster by its session's processes, then anything still running
+    below them (an engine whose guard was killed first). SIGTERM, then SIGKILL."""
+    pids = session_pids(session)
+    below = {pid: _started(pid) for pid in descendants(pids)}
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        _signal_all(pids, sig)
+        deadline = time.monotonic() + wait_s
+        while (pids := session_pids(session)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not pids:
+            break
+    # Engines die with their guards (parent-death signal); this covers any that did not.
+    # Same pid and start time: never a process that reused a dead one's pid.
+    _signal_all([p for p, t in below.items() if t is not None and _started(p) == t],
+                signal.SIGKILL)
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot); None when gone or a zombie."""
+    try:
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
 def stop_ray(grace_s: float = 15.0) -> None:
     """Stop only the Ray cluster `up` started. `ray stop` would kill every Ray instance on
     the machine (another user's job, a test suite's cluster)."""
     if not RAY_SESSION_FILE.exists():
         print("Ray was not started by local_stack: left running (`ray stop` stops it)")
         return
-    session = RAY_SESSION_FILE.read_text().strip()
-    pids = session_pids(session)
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while (pids := session_pids(session)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not pids:
-            break
+    stop_session(RAY_SESSION_FILE.read_text().strip(), grace_s)
     RAY_SESSION_FILE.unlink()
 
 

@@ -30,6 +30,7 @@ class RunCounts:
     failed: set[str] = field(default_factory=set)
     rejected: set[str] = field(default_factory=set)
     bytes_written: int = 0
+    quarantined: int = 0   # damaged parts moved to quarantine/ (their rows are not done)
     last_write_ts: float = 0.0
     seen_files: set[str] = field(default_factory=set)
     # (metric, label) of outcomes in files first seen since the last drain: the job's
@@ -47,6 +48,7 @@ class RunCounts:
                 self.bytes_written += info.size or 0
                 if info.mtime is not None:
                     self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
+        self.quarantined = len(store.quarantined())
 
     def _add(self, kind: str, store: RunStore, path: str) -> None:
         if kind == "data":
@@ -155,7 +157,8 @@ class ProgressTracker:
             "eta_s": round(remaining / rows_s) if rows_s > 0 else None,
             "mean_output_tokens": round(c.output_tokens / c.done, 1) if c.done else 0.0,
             "output_tokens": c.output_tokens, "bytes_written": c.bytes_written,
-            "files": len(c.seen_files), "started_at": self.started, "updated_at": now,
+            "files": len(c.seen_files), "quarantined_parts": c.quarantined,
+            "started_at": self.started, "updated_at": now,
             "elapsed_s": round(now - self.started, 1), "last_write_at": c.last_write_ts or self.started,
             "session_rows": c.done - self.baseline[0],
             "session_output_tokens": c.output_tokens - self.baseline[1],

@@ -6,16 +6,28 @@
     <output>/<run>/progress.json            counts derived from the files above
     <output>/<run>/report.{md,json,png}     end-of-run report
     <output>/<run>/final/                   one row per prompt + manifest (finalize)
+    <output>/<run>/quarantine/<kind>/       damaged parts moved aside, each with a
+                                            <part>.reason.json saying why
 
 Files are immutable and atomically written; names are hashes of their row keys, so a
 retried write replaces itself instead of duplicating rows. Readers never trust any
 other index: resume, progress and reports all read these files.
+
+A part that cannot be read (garbage, truncated, wrong schema) must not brick the run:
+``read_part`` moves it to quarantine/ with the reason and reads it as no rows, so every
+reader (resume, progress, report, finalize, export) goes on and the next run
+regenerates those rows. Storage errors (network, permissions) are not damage and
+propagate: only a part whose bytes were read and found bad is moved.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+import logging
+import posixpath
+import time
 from typing import Iterable, Optional
 
 import pyarrow as pa
@@ -23,7 +35,18 @@ import pyarrow.parquet as pq
 
 from jobs.config import StorageConfig
 from jobs.schema import KINDS
-from jobs.storage import Location, list_files, locate, read_bytes, write_bytes_atomic
+from jobs.storage import (Location, is_local, list_files, locate, put_verified, read_bytes,
+                          write_json_atomic)
+
+logger = logging.getLogger("raygen")
+QUARANTINE = "quarantine"
+WRITE_ATTEMPTS = 3
+# What pyarrow raises for bytes that are not a readable Parquet file of our schema.
+_DAMAGE = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+
+
+class DamagedPart(ValueError):
+    """A part's bytes are not a readable part of its kind."""
 
 
 def part_name(row_ids: Iterable[str]) -> str:
@@ -46,30 +69,101 @@ class RunStore:
         return self.root.join(*parts)
 
     def write_part(self, kind: str, table: pa.Table, row_ids: Iterable[str]) -> str:
-        """Write one immutable part file; returns its name."""
+        """Write one immutable part file and read it back; returns its name. The rows
+        count as done only once the stored part's footer and row count check out: a
+        damaged upload is rewritten (same name), and after WRITE_ATTEMPTS it raises."""
         table = table.select(KINDS[kind].names).cast(KINDS[kind])
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
         name = part_name(row_ids)
-        write_bytes_atomic(self.loc(kind, name), buf.getvalue())
-        return name
+        loc = self.loc(kind, name)
+        problem = ""
+        for _ in range(WRITE_ATTEMPTS):
+            put_verified(loc, buf.getvalue(), self.storage)
+            problem = self.verify_part(loc.path, kind, table.num_rows)
+            if not problem:
+                return name
+            logger.warning("part %s read back damaged (%s): rewriting it", loc.uri, problem)
+        raise DamagedPart(f"part {loc.uri} still damaged after {WRITE_ATTEMPTS} writes: "
+                          f"{problem}")
+
+    def verify_part(self, path: str, kind: str, rows: int) -> str:
+        """"" if the stored part reads back whole with ``rows`` rows, else the problem."""
+        try:
+            got = self.load_part(path, kind, ["key"] if kind != "rejects" else ["line"])
+        except FileNotFoundError:  # a reader quarantined a damaged first upload meanwhile
+            return "not found"
+        except (DamagedPart, *_DAMAGE) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "" if got.num_rows == rows else f"{got.num_rows} rows stored, {rows} written"
 
     def part_paths(self, kind: str) -> list[str]:
         return [info.path for info in list_files(self.loc(kind), ".parquet")]
 
     def read_part(self, path: str, columns: Optional[list[str]] = None) -> pa.Table:
+        """The part's rows (``columns`` of its kind's schema); a damaged part is moved
+        to quarantine/ and reads as no rows."""
+        kind = posixpath.basename(posixpath.dirname(path))
+        try:
+            return self.load_part(path, kind, columns)
+        except FileNotFoundError:  # another reader quarantined it a moment ago
+            return _empty(kind, columns)
+        except (DamagedPart, *_DAMAGE) as exc:
+            self.quarantine(path, f"{type(exc).__name__}: {exc}")
+            return _empty(kind, columns)
+
+    def load_part(self, path: str, kind: str,
+                  columns: Optional[list[str]] = None) -> pa.Table:
+        """Read and check one part; raises DamagedPart (or pyarrow's error) if bad."""
+        schema = KINDS.get(kind)
         with self.root.fs.open_input_file(path) as f:
-            return pq.read_table(f, columns=columns)
+            pf = pq.ParquetFile(f)
+            wanted = columns or (schema.names if schema else pf.schema_arrow.names)
+            missing = [c for c in wanted if c not in pf.schema_arrow.names]
+            if missing:
+                raise DamagedPart(f"wrong schema: no column(s) {', '.join(missing)}")
+            table = pf.read(columns=wanted)
+            if table.num_rows != pf.metadata.num_rows:
+                raise DamagedPart(f"read {table.num_rows} rows, footer says "
+                                  f"{pf.metadata.num_rows}")
+        if schema is None:
+            return table
+        try:
+            return table.cast(pa.schema([schema.field(c) for c in wanted]))
+        except _DAMAGE as exc:
+            raise DamagedPart(f"wrong schema: {exc}") from exc
+
+    def quarantine(self, path: str, reason: str) -> None:
+        """Move a damaged part to quarantine/<kind>/ beside a .reason.json."""
+        kind, name = posixpath.split(posixpath.relpath(path, self.root.path))
+        dest = self.loc(QUARANTINE, kind, name)
+        logger.warning("quarantining damaged part %s (%s): its rows count as not done "
+                       "and are regenerated by the next run", path, reason)
+        if is_local(dest):
+            dest.fs.create_dir(posixpath.dirname(dest.path), recursive=True)
+        try:
+            self.root.fs.move(path, dest.path)  # S3: copy + delete
+        except FileNotFoundError:
+            return  # another reader moved it first
+        write_json_atomic(self.loc(QUARANTINE, kind, name + ".reason.json"),
+                          {"part": f"{kind}/{name}", "reason": reason,
+                           "quarantined_at": time.time()})
+
+    def quarantined(self) -> list[str]:
+        """Quarantined parts, as <kind>/<name>."""
+        return [posixpath.relpath(info.path, self.loc(QUARANTINE).path)
+                for kind in KINDS for info in list_files(self.loc(QUARANTINE, kind), ".parquet")]
 
     def read_kind(self, kind: str, columns: Optional[list[str]] = None) -> pa.Table:
         tables = [self.read_part(p, columns) for p in self.part_paths(kind)]
-        if not tables:
-            schema = KINDS[kind]
-            return schema.empty_table() if columns is None else pa.schema(
-                [schema.field(c) for c in columns]).empty_table()
-        return pa.concat_tables(tables)
+        return pa.concat_tables(tables) if tables else _empty(kind, columns)
 
     def read_json(self, name: str):
         data = read_bytes(self.loc(name))
-        import json
         return None if data is None else json.loads(data)
+
+
+def _empty(kind: str, columns: Optional[list[str]]) -> pa.Table:
+    schema = KINDS[kind]
+    return schema.empty_table() if columns is None else pa.schema(
+        [schema.field(c) for c in columns]).empty_table()

@@ -3,8 +3,9 @@
 Each write call gets ~``rows_per_file`` rows, splits them by ``_kind`` and writes one
 immutable, atomically-written Parquet file per kind, named by a hash of its row ids.
 Data first, nothing after: a row is done exactly when its file exists, which is what
-resume and progress read. A retried write task produces the same name and replaces
-its own file, so a row is never written twice.
+resume and progress read; ``write_part`` reads each part back (footer, row count) before
+the task returns, so a part counts only once it is known whole. A retried write task
+produces the same name and replaces its own file, so a row is never written twice.
 """
 
 from __future__ import annotations

@@ -76,6 +76,10 @@ def render(snap: dict[str, Any], now: Optional[float] = None) -> str:
         f"elapsed    {hhmm(snap.get('elapsed_s'))} (h:mm); {_n(snap.get('files'))} files, "
         f"{_bytes(snap.get('bytes_written'))} written",
     ]
+    if snap.get("quarantined_parts"):
+        lines.append(f"damaged    {snap['quarantined_parts']} part(s) moved to "
+                     f"<run>/quarantine/ (reasons beside them); their rows are not done "
+                     f"and the next run regenerates them")
     hint = stale_hint(snap, now)
     return "\n".join(lines + ([hint] if hint else []))
 
@@ -96,6 +100,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if snap is None:
         fail(f"no progress.json at {store.uri}: the run has not started there (check the "
              f"path: <job.output>/<job.run_name>)")
+    # Any reader may quarantine a part after the driver's last progress.json: list it.
+    snap["quarantined_parts"] = len(store.quarantined())
     print(render(snap))
     print(holder_line(store))
     return 0

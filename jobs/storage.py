@@ -8,7 +8,10 @@ the AWS environment/credential chain only and are never logged.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -31,12 +34,27 @@ class Location:
                         posixpath.join(self.uri, *parts))
 
 
+# Plain request bodies for S3-compatible stores. The AWS SDKs' default
+# ("when_supported") sends every upload aws-chunked with a trailing CRC; a store that
+# does not decode that framing (the moto server here, older MinIO/Ceph) stores the
+# framing itself as the object: an unreadable part. pyarrow's AWS C++ SDK and botocore
+# both read these variables; checksums we send ourselves (Content-MD5, below).
+PLAIN_BODY_ENV = {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+                  "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}
+
+
+def use_plain_bodies() -> None:
+    for key, value in PLAIN_BODY_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def _s3(storage: StorageConfig) -> pafs.S3FileSystem:
     # The SDK's "default" strategy (delay 25 ms * 2^attempt, no retry quota) rather than
     # "standard": standard's shared retry quota (~50 connection-error retries per client)
     # runs dry within seconds of an outage when many parts are in flight, and then every
     # request fails at once. Doubling delays ride out an outage of about
     # 25 ms * 2^max_attempts in total, per request.
+    use_plain_bodies()  # before the SDK client reads its configuration
     kwargs: dict[str, Any] = {
         "region": storage.region,
         "retry_strategy": pafs.AwsDefaultS3RetryStrategy(storage.s3_retry_max_attempts)}
@@ -71,6 +89,34 @@ def write_bytes_atomic(loc: Location, data: bytes) -> None:
         return
     with loc.fs.open_output_stream(loc.path) as out:
         out.write(data)
+
+
+def put_verified(loc: Location, data: bytes, storage: StorageConfig) -> None:
+    """Write one object as a plain body with its Content-MD5, which S3, MinIO and Ceph
+    check (BadDigest on a mismatch; the moto test server does not check it, hence the
+    read-back in RunStore.write_part). Local paths: the atomic rename."""
+    if is_local(loc):
+        write_bytes_atomic(loc, data)
+        return
+    bucket, _, key = loc.path.partition("/")
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+    _boto_s3(storage).put_object(Bucket=bucket, Key=key, Body=data, ContentMD5=md5)
+
+
+_BOTO_CLIENTS: dict[tuple, Any] = {}
+
+
+def _boto_s3(storage: StorageConfig) -> Any:
+    key = (storage.endpoint_url, storage.region, os.getpid())
+    if key not in _BOTO_CLIENTS:
+        import boto3
+        from botocore.config import Config
+        _BOTO_CLIENTS[key] = boto3.client(
+            "s3", endpoint_url=storage.endpoint_url, region_name=storage.region,
+            config=Config(request_checksum_calculation="when_required",
+                          response_checksum_validation="when_required",
+                          retries={"mode": "standard", "max_attempts": 5}))
+    return _BOTO_CLIENTS[key]
 
 
 def read_bytes(loc: Location) -> Optional[bytes]:

@@ -6,11 +6,21 @@ The replica starts this guard in a new session (so guard + engine + the engine's
 workers form one process group). The guard runs the engine and kills the whole group
 when the replica disappears, even by SIGKILL, when no ``__del__`` can run. Without it,
 a killed replica leaves an engine holding its GPU: the next replica then OOMs.
+
+On Linux the kernel backs this up (``prctl(PR_SET_PDEATHSIG)``): the guard gets SIGTERM
+when its replica dies and the engine gets SIGKILL when the guard dies, so an engine
+cannot outlive a guard that was itself SIGKILLed (Ray kills a dead worker's children;
+``ray stop`` and node loss kill everything but the engine's own session). The signal
+fires when the *thread* that forked the child exits: the replica forks the guard from
+a thread that lives until the guard has exited (engine_process.py), and the guard
+forks the engine from its main thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -19,6 +29,19 @@ import time
 
 POLL_S = 0.5
 GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(sig: int, parent_pid: int) -> None:
+    """Linux: the kernel sends ``sig`` to this process when its parent (thread) exits.
+    Elsewhere a no-op: the guard's parent polling still applies."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before prctl: no signal will come
+        os.kill(os.getpid(), sig)
 
 
 def _parent_alive(pid: int) -> bool:
@@ -53,7 +76,10 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no engine command after --")
-    child = subprocess.Popen(command)  # same process group as the guard
+    die_with_parent(signal.SIGTERM, args.parent_pid)  # SIGTERM: _kill_group's grace below
+    # Same process group as the guard; SIGKILL when the guard dies, even by SIGKILL.
+    child = subprocess.Popen(command, preexec_fn=functools.partial(
+        die_with_parent, signal.SIGKILL, os.getpid()))
     signal.signal(signal.SIGTERM, lambda *_: _kill_group(child))
     while True:
         code = child.poll()

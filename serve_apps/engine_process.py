@@ -1,7 +1,8 @@
 """One class owns an engine process's whole life: start, wait ready, watch, stop.
 
 - Launched through ``engine_guard`` in its own session on 127.0.0.1 and a free port,
-  so stopping kills the whole process group and a SIGKILLed replica leaves no orphan.
+  so stopping kills the whole process group and a SIGKILLed replica leaves no orphan;
+  on Linux guard and engine also carry a parent-death signal (engine_guard.py).
 - ``wait_ready`` polls /health with a deadline and stops waiting the moment the child
   exits, quoting its last log lines (the usual cause: OOM, bad flag, missing weights).
 - The engine's stdout/stderr are relayed line by line to this process's log.
@@ -115,19 +116,40 @@ class EngineProcess:
         guard = [sys.executable, "-m", "serve_apps.engine_guard",
                  "--parent-pid", str(os.getpid()), "--"]
         logger.info("starting %s: %s", self.name, " ".join(self.command))
-        self._proc = subprocess.Popen(
-            guard + self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
-        self._relay = threading.Thread(target=self._relay_output, daemon=True,
+        # The guard's parent-death signal fires when the thread that forked it exits
+        # (engine_guard.py), so fork from a thread that outlives the guard: it relays the
+        # output, then reaps the guard. (Serve 2.60 runs __init__ on its long-lived user
+        # code thread; nothing promises that any caller's thread lives this long.)
+        spawned: list = []
+        ready = threading.Event()
+        self._relay = threading.Thread(target=self._spawn_and_relay, daemon=True,
+                                       args=(guard + self.command, spawned, ready),
                                        name=f"{self.name}-log")
         self._relay.start()
+        ready.wait()
+        if isinstance(spawned[0], BaseException):
+            raise spawned[0]
+        self._proc = spawned[0]
 
-    def _relay_output(self) -> None:
-        assert self._proc and self._proc.stdout
-        for line in self._proc.stdout:
+    def _spawn_and_relay(self, argv: list[str], spawned: list,
+                         ready: threading.Event) -> None:
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+        except BaseException as exc:  # re-raised by start() in the caller's thread
+            spawned.append(exc)
+            ready.set()
+            return
+        spawned.append(proc)
+        ready.set()
+        assert proc.stdout
+        for line in proc.stdout:
             line = line.rstrip()
             self._tail.append(line)
             logger.info("[%s] %s", self.name, line)
+        while proc.poll() is None:  # output closed: stay until the guard is gone (poll,
+            time.sleep(0.5)         # not wait(): wait() would hold Popen's lock throughout)
 
     def returncode(self) -> Optional[int]:
         return self._proc.poll() if self._proc else None

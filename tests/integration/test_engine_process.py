@@ -210,3 +210,60 @@ def test_bad_sampling_key_is_a_non_retryable_row_error(sim_engine):
     (result,) = _generate(sim_engine, _request(sampling={"temprature": 0.6}))
     assert result["error_class"] == "bad_request" and result["retryable"] is False
     assert "temprature" in result["error_message"]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _wait_dead(pids: list[int], timeout_s: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+def test_engine_dies_when_its_guard_is_sigkilled():
+    """Ray kills a dead worker's children (the guard) by SIGKILL: no guard code runs,
+    so only the kernel's parent-death signal can take the engine down."""
+    engine = _engine()
+    engine.start()
+    try:
+        engine.wait_ready(30)
+        engines = _children(engine.pid)
+        assert len(engines) == 1
+        os.kill(engine.pid, signal.SIGKILL)
+        assert _wait_dead(engines) == [], "engine outlived its SIGKILLed guard"
+    finally:
+        engine.stop()
+
+
+def test_replica_thread_that_started_the_engine_may_exit(tmp_path):
+    """The guard's parent-death signal fires when the forking THREAD exits: a replica
+    built in a short-lived thread must keep its engine; SIGKILLing the replica then
+    takes guard and engine down at once."""
+    pid_file = tmp_path / "engine.pid"
+    script = textwrap.dedent(f"""
+        import threading, time
+        from tests.integration.test_engine_process import _engine
+        box = []
+        def build():
+            e = _engine(); e.start(); e.wait_ready(30); box.append(e)
+        t = threading.Thread(target=build); t.start(); t.join()  # that thread is gone now
+        time.sleep(1.5)  # a parent-death signal would have fired by now
+        assert box[0].is_alive() and box[0].health_ok(), "engine died with its thread"
+        open({str(pid_file)!r}, "w").write(str(box[0].pid))
+        time.sleep(600)
+    """)
+    replica = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and replica.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), f"replica exited with {replica.poll()}"
+    guard = int(pid_file.read_text())
+    pids = [guard] + _children(guard)
+    assert len(pids) == 2
+    replica.send_signal(signal.SIGKILL)
+    replica.wait()
+    assert _wait_dead(pids, timeout_s=20) == [], "guard or engine outlived the replica"

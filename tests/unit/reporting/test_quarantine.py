@@ -1,0 +1,111 @@
+"""Damaged parts never crash a reader: garbage, a truncated part and a wrong-schema part
+are moved to <run>/quarantine/ with their reason, read as no rows, and counted."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs import finalize, report, status
+from jobs.config import StorageConfig
+from jobs.progress import ProgressTracker
+from jobs.run import RunState
+from jobs.run_store import RunStore
+from tests.unit.reporting.conftest import make_row, write_rows
+
+GOOD_KEYS = [f"k{i:02d}" for i in range(12)]
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def damaged_run(tmp_path) -> tuple[RunStore, dict[str, str]]:
+    """A run with 12 good rows in 3 parts plus 3 damaged data parts (and one damaged
+    failures part); returns the store and {damaged part name: what is wrong}."""
+    store = RunStore(str(tmp_path / "run"), StorageConfig())
+    write_rows(store, "data", [make_row(k) for k in GOOD_KEYS], per_file=4)
+    good_part = open(store.part_paths("data")[0], "rb").read()
+    damage = {
+        "part-garbage.parquet": b"1000;chunk-signature=abc\r\n" + b"\x00" * 500 + b"=\r\n\r\n",
+        "part-truncated.parquet": good_part[: len(good_part) // 2],
+        "part-wrongschema.parquet": _parquet_bytes(pa.table({"x": [1, 2], "y": ["a", "b"]})),
+    }
+    for name, data in damage.items():
+        (tmp_path / "run" / "data" / name).write_bytes(data)
+    (tmp_path / "run" / "failures").mkdir()
+    (tmp_path / "run" / "failures" / "part-garbage.parquet").write_bytes(b"PAR1 nope")
+    return store, damage
+
+
+def _assert_quarantined(store: RunStore, tmp_path, damage: dict[str, str]) -> None:
+    assert sorted(store.quarantined()) == sorted(
+        [f"data/{n}" for n in damage] + ["failures/part-garbage.parquet"])
+    for name in damage:
+        assert not (tmp_path / "run" / "data" / name).exists()
+        reason = json.loads((tmp_path / "run" / "quarantine" / "data" /
+                             f"{name}.reason.json").read_text())
+        assert reason["part"] == f"data/{name}" and reason["reason"]
+    wrong = json.loads((tmp_path / "run" / "quarantine" / "data" /
+                        "part-wrongschema.parquet.reason.json").read_text())
+    assert "wrong schema" in wrong["reason"] and "key" in wrong["reason"]
+    # The good parts stay where they were, untouched.
+    assert len(store.part_paths("data")) == 3
+
+
+def test_resume_state_skips_damaged_parts(tmp_path):
+    store, damage = damaged_run(tmp_path)
+    state = RunState.read(store)
+    assert state.done == set(GOOD_KEYS)  # the damaged parts' rows are not done
+    _assert_quarantined(store, tmp_path, damage)
+
+
+def test_progress_counts_quarantined_parts_and_status_shows_them(tmp_path, capsys):
+    store, damage = damaged_run(tmp_path)
+    snap = ProgressTracker(store, total=20, run="r", model="m", interval_s=60).update()
+    assert snap["completed"] == 12 and snap["quarantined_parts"] == 4
+    assert snap["remaining"] == 8
+    _assert_quarantined(store, tmp_path, damage)
+    assert status.main([store.uri]) == 0
+    assert "damaged    4 part(s) moved to <run>/quarantine/" in capsys.readouterr().out
+
+
+def test_report_reads_around_damaged_parts(tmp_path):
+    store, damage = damaged_run(tmp_path)
+    built = report.build_report(store)
+    assert built["keys"] == 12
+    _assert_quarantined(store, tmp_path, damage)
+
+
+def test_finalize_reads_around_damaged_parts(tmp_path):
+    store, damage = damaged_run(tmp_path)
+    manifest = finalize.finalize(store)
+    assert manifest["row_count"] == 12
+    _assert_quarantined(store, tmp_path, damage)
+    final = pa.concat_tables(pq.read_table(p) for p in
+                             sorted((tmp_path / "run" / "final").glob("*.parquet")))
+    assert sorted(final.column("key").to_pylist()) == GOOD_KEYS
+
+
+def test_a_part_quarantined_by_another_reader_meanwhile_reads_as_no_rows(tmp_path):
+    store, _ = damaged_run(tmp_path)
+    path = str(tmp_path / "run" / "data" / "part-garbage.parquet")
+    store.quarantine(path, "test")
+    assert store.read_part(path, ["key"]).num_rows == 0  # gone: no crash, no rows
+
+
+def test_storage_errors_are_not_damage(tmp_path):
+    """Only bad bytes are quarantined: a part we cannot open at all (here: a folder
+    where the part should be) raises and stays put."""
+    store, _ = damaged_run(tmp_path)
+    odd = tmp_path / "run" / "data" / "part-dir.parquet"
+    odd.mkdir()
+    with pytest.raises(OSError):
+        store.read_part(str(odd), ["key"])
+    assert odd.exists()
