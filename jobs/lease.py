@@ -83,13 +83,9 @@ def this_driver() -> Holder:
 
 class _S3Lease:
     def __init__(self, loc: Location, storage):
-        import boto3
-        from botocore.config import Config
+        from jobs.storage import s3_client
         self.bucket, _, self.key = loc.path.partition("/")
-        self.client = boto3.client(
-            "s3", endpoint_url=storage.endpoint_url, region_name=storage.region,
-            config=Config(retries={"max_attempts": storage.s3_retry_max_attempts,
-                                   "mode": "standard"}))
+        self.client = s3_client(storage)
 
     def read(self) -> Optional[tuple[dict, str]]:
         for attempt in range(5):

@@ -100,13 +100,16 @@ def put_verified(loc: Location, data: bytes, storage: StorageConfig) -> None:
         return
     bucket, _, key = loc.path.partition("/")
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
-    _boto_s3(storage).put_object(Bucket=bucket, Key=key, Body=data, ContentMD5=md5)
+    s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, ContentMD5=md5)
 
 
 _BOTO_CLIENTS: dict[tuple, Any] = {}
 
 
-def _boto_s3(storage: StorageConfig) -> Any:
+def s3_client(storage: StorageConfig) -> Any:
+    """boto3 for what pyarrow's filesystem cannot do (Content-MD5, conditional puts):
+    plain bodies, and as many tries as pyarrow's client gets (botocore's standard mode
+    caps each delay at 20 s, so 12 tries outlast a ~1 min outage)."""
     key = (storage.endpoint_url, storage.region, os.getpid())
     if key not in _BOTO_CLIENTS:
         import boto3
@@ -115,7 +118,8 @@ def _boto_s3(storage: StorageConfig) -> Any:
             "s3", endpoint_url=storage.endpoint_url, region_name=storage.region,
             config=Config(request_checksum_calculation="when_required",
                           response_checksum_validation="when_required",
-                          retries={"mode": "standard", "max_attempts": 5}))
+                          retries={"mode": "standard",
+                                   "max_attempts": storage.s3_retry_max_attempts}))
     return _BOTO_CLIENTS[key]
 
 

@@ -12,7 +12,7 @@ import pytest
 import jobs.run_store as run_store_module
 from jobs.config import StorageConfig
 from jobs.run_store import DamagedPart, RunStore
-from jobs.storage import _boto_s3, put_verified
+from jobs.storage import s3_client, put_verified
 from tests.integration.conftest import BUCKET
 from tests.unit.reporting.conftest import make_row
 
@@ -37,7 +37,7 @@ def test_parts_are_stored_as_plain_bodies_with_our_md5(s3_endpoint):
     store = _store(s3_endpoint)
     data = b"PAR1" + bytes(range(256)) * 400 + b"PAR1"
     put_verified(store.loc("ok.bin"), data, storage)
-    head = _boto_s3(storage).head_object(Bucket=BUCKET, Key=store.loc("ok.bin").path
+    head = s3_client(storage).head_object(Bucket=BUCKET, Key=store.loc("ok.bin").path
                                          .split("/", 1)[1])
     assert head["ETag"].strip('"') == hashlib.md5(data).hexdigest()
     assert store.root.fs.open_input_stream(store.loc("ok.bin").path).read() == data
