@@ -65,7 +65,7 @@ def test_script_starts_prometheus_with_the_rules_and_stops_it(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=10) as resp:
             groups = json.load(resp)["data"]["groups"]
         loaded = {r["name"] for g in groups for r in g["rules"]}
-        assert "RaygenTruncationHigh" in loaded and "raygen:truncated_fraction:rate15m" in loaded
+        assert "RaygenTruncationHigh" in loaded and "raygen:output_tokens_per_second:rate10m" in loaded
     finally:
         stop = subprocess.run([str(SCRIPT), "stop", *args], capture_output=True, text=True, timeout=60)
     assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stdout + stop.stderr
