@@ -64,7 +64,7 @@ ensure_prometheus() {
     cat >&2 <<EOF
 prometheus is not installed. Install it (Debian/Ubuntu) with:
   sudo apt-get update && sudo apt-get install -y prometheus
-or put a prometheus binary (>= 2.30) on PATH, then re-run $0.
+or put a prometheus binary (>= 2.42: the rules use keep_firing_for) on PATH, then re-run $0.
 EOF
     exit 1
   fi

@@ -121,6 +121,12 @@ SGLANG_SERIES = frozenset({
 })
 
 
+# The scrape-time rename (Prometheus metric_relabel_configs form; PodMonitor uses the
+# same fields in camelCase). cluster/ configs must carry exactly this rule (tested).
+SGLANG_RELABEL = {"source_labels": ["__name__"], "regex": "ray_sglang_(.+)",
+                  "target_label": "__name__", "replacement": "sglang:$1"}
+
+
 def relay_name(sglang_sample: str) -> str:
     """Ray metric name for an SGLang sample name (``sglang:x`` -> ``sglang_x``)."""
     return RELAY_PREFIX + sglang_sample.removeprefix(SGLANG_PREFIX)
