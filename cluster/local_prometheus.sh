@@ -8,7 +8,7 @@
 #   --dir DIR  state folder: DIR/data (TSDB), DIR/prometheus.pid, DIR/prometheus.log
 #                                              (env RAYGEN_PROM_DIR, default <repo>/.local/prometheus)
 #
-# Config: cluster/prometheus/prometheus.yml (5s scrape/eval, Ray file-SD,
+# Config: cluster/prometheus/prometheus.yml (10s scrape, 5s eval, Ray file-SD,
 # dashboards/prometheus/raygen_rules.yml).  Point the Ray dashboard and Grafana
 # at it with RAY_PROMETHEUS_HOST=http://127.0.0.1:<port> (see dashboards/README.md).
 # Binds to loopback only: Prometheus has no auth, and --web.enable-lifecycle
