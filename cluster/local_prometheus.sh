@@ -8,7 +8,7 @@
 #   --dir DIR  state folder: DIR/data (TSDB), DIR/prometheus.pid, DIR/prometheus.log
 #                                              (env RAYGEN_PROM_DIR, default <repo>/.local/prometheus)
 #
-# Config: cluster/prometheus/prometheus.yml (5s scrape/eval, Ray file-SD,
+# Config: cluster/prometheus/prometheus.yml (10s scrape, 5s eval, Ray file-SD,
 # dashboards/prometheus/raygen_rules.yml).  Point the Ray dashboard and Grafana
 # at it with RAY_PROMETHEUS_HOST=http://127.0.0.1:<port> (see dashboards/README.md).
 # Binds to loopback only: Prometheus has no auth, and --web.enable-lifecycle
@@ -64,7 +64,7 @@ ensure_prometheus() {
     cat >&2 <<EOF
 prometheus is not installed. Install it (Debian/Ubuntu) with:
   sudo apt-get update && sudo apt-get install -y prometheus
-or put a prometheus binary (>= 2.30) on PATH, then re-run $0.
+or put a prometheus binary (>= 2.42: the rules use keep_firing_for) on PATH, then re-run $0.
 EOF
     exit 1
   fi

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from dashboards import metrics_catalog as mc
 from dashboards import promql as q
 from dashboards import signals as s
 from dashboards import thresholds as t
 
-RUNBOOK_BASE = "dashboards/README.md"  # point at a rendered URL if you publish the docs
+# Where the runbook (the "Alerts and runbook" sections of dashboards/README.md) is
+# published; every alert's runbook_url is this plus "#<alertname lowercased>". Change
+# it here when you fork/publish (YOUR_ORG as in cluster/), rebuild, commit.
+RUNBOOK_BASE_URL = "https://github.com/YOUR_ORG/raygen/blob/main/dashboards/README.md"
+RUNBOOK_DOC = "dashboards/README.md"  # the file RUNBOOK_BASE_URL renders (tests check its anchors)
 GROUP = "raygen"
 RUN_MODEL = s.RUN_MODEL
 
@@ -31,8 +35,6 @@ def record_name(signal: str, op: str, window: str) -> str:
 
 TPS_SHORT = record_name("output_tokens_per_second", "rate", t.THROUGHPUT_SHORT_WINDOW)
 TPS_LONG = record_name("output_tokens_per_second", "rate", t.THROUGHPUT_LONG_WINDOW)
-TRUNC = record_name("truncated_fraction", "rate", t.TRUNCATION_WINDOW)
-TRUNC_VOLUME = record_name("completions", "increase", t.TRUNCATION_WINDOW)
 FAIL = record_name("failure_ratio", "rate", t.FAILURE_WINDOW)
 ACCEPT_SHORT = record_name("accept_length", "rate", t.ACCEPT_LENGTH_SHORT_WINDOW)
 ACCEPT_LONG = record_name("accept_length", "rate", t.ACCEPT_LENGTH_LONG_WINDOW)
@@ -40,8 +42,6 @@ ACCEPT_LONG = record_name("accept_length", "rate", t.ACCEPT_LENGTH_LONG_WINDOW)
 RECORDING_RULES: Dict[str, str] = {
     TPS_SHORT: s.output_tps(t.THROUGHPUT_SHORT_WINDOW),
     TPS_LONG: s.output_tps(t.THROUGHPUT_LONG_WINDOW),
-    TRUNC: s.truncated_fraction(t.TRUNCATION_WINDOW),
-    TRUNC_VOLUME: s.completions_in(t.TRUNCATION_WINDOW),
     FAIL: s.failure_ratio(t.FAILURE_WINDOW),
     ACCEPT_SHORT: s.accept_length(t.ACCEPT_LENGTH_SHORT_WINDOW),
     ACCEPT_LONG: s.accept_length(t.ACCEPT_LENGTH_LONG_WINDOW),
@@ -68,21 +68,22 @@ class Alert:
     description: str  # "<VALUE>", if present, becomes the formatted current value
     value_format: str
     panel_key: str  # dashboard panel the Grafana alert links to
+    keep_firing_for: Optional[str] = None  # Prometheus only (Grafana's provisioning has no equivalent)
 
     @property
     def expr(self) -> str:
         return q.compare(self.query, self.op, self.threshold)
 
     @property
-    def runbook(self) -> str:
-        return f"{RUNBOOK_BASE}#{self.name.lower()}"
+    def runbook_url(self) -> str:
+        return f"{RUNBOOK_BASE_URL}#{self.name.lower()}"
 
     def annotations(self, grafana: bool) -> Dict[str, str]:
         value = _FMT[self.value_format][1 if grafana else 0]
         return {
             "summary": self.summary,
             "description": self.description.replace("<VALUE>", value),
-            "runbook": self.runbook,
+            "runbook_url": self.runbook_url,
         }
 
 
@@ -94,31 +95,37 @@ _NO_REPLICA_METRICS = q.unless_on(
     f"(0 * {s.job_running(by=('model',))})",
     q.count_by(("model",), mc.ENGINE_UP.prom_name),
 )
+_RUN_TRUNCATION_VS_THRESHOLD = q.and_on(
+    RUN_MODEL,
+    f"({s.run_truncated_fraction()} / on ({', '.join(RUN_MODEL)}) {s.truncation_threshold()})",
+    f"({q.max_by(RUN_MODEL, mc.JOB_ROWS_DONE.prom_name)} >= {t.TRUNCATION_MIN_ROWS})")
+_HEALTHY_VS_EXPECTED = q.ratio_if_positive(
+    q.or_zero(s.healthy_replicas(), s.expected_replicas()), s.expected_replicas())
 _DRIVER_LAST_SEEN_RUNNING = (
     f"({q.max_by(RUN_MODEL, f'last_over_time({mc.JOB_RUNNING.prom_name}[{t.DRIVER_GONE_LOOKBACK}])')} == 1)"
 )
 _FINISHED_ALL_ROWS = (
     f"({s.rows_finished(over=t.DRIVER_GONE_LOOKBACK)} >= "
-    f"{q.max_by(RUN_MODEL, f'last_over_time({mc.JOB_ROWS_TOTAL.prom_name}[{t.DRIVER_GONE_LOOKBACK}])')})"
+    f"{q.max_by(RUN_MODEL, f'last_over_time({mc.JOB_INPUT_ROWS.prom_name}[{t.DRIVER_GONE_LOOKBACK}])')})"
 )
 
 ALERTS: List[Alert] = [
     Alert(
         name="RaygenTruncationHigh",
-        query=q.and_on(RUN_MODEL, TRUNC, f"({TRUNC_VOLUME} >= {t.TRUNCATION_MIN_COMPLETIONS})"),
-        op=">", threshold=t.TRUNCATION_FRACTION_MAX, for_=t.TRUNCATION_FOR, severity="critical",
-        summary="raygen run {{ $labels.run }}: truncation above "
-                f"{t.TRUNCATION_FRACTION_MAX:.0%}",
-        description=f"<VALUE> of completions of model {{{{ $labels.model }}}} hit the length limit "
-                    f"(finish_reason=length) over the last {t.TRUNCATION_WINDOW}; "
-                    f"threshold {t.TRUNCATION_FRACTION_MAX:.0%}.",
+        query=_RUN_TRUNCATION_VS_THRESHOLD,
+        op=">", threshold=1, for_=t.TRUNCATION_FOR, severity="warning",
+        keep_firing_for=t.TRUNCATION_KEEP_FIRING_FOR,
+        summary="raygen run {{ $labels.run }}: truncation above the run's threshold",
+        description="Rows of run {{ $labels.run }} (model {{ $labels.model }}) that hit max_new_tokens "
+                    "(finish_reason=length) are <VALUE> of the run's threshold (job.truncation_alert_ratio), "
+                    f"counted over everything written so far (at least {t.TRUNCATION_MIN_ROWS} rows).",
         value_format="percent", panel_key="truncated_fraction",
     ),
     Alert(
         name="RaygenThroughputDrop",
         query=q.and_on(
             RUN_MODEL, q.ratio_if_positive(q.or_zero(TPS_SHORT, TPS_LONG), TPS_LONG), s.job_running()),
-        op="<", threshold=t.THROUGHPUT_DROP_RATIO, for_=t.THROUGHPUT_FOR, severity="critical",
+        op="<", threshold=t.THROUGHPUT_DROP_RATIO, for_=t.THROUGHPUT_FOR, severity="warning",
         summary="raygen run {{ $labels.run }}: output tok/s dropped below "
                 f"{t.THROUGHPUT_DROP_RATIO:.0%} of the {t.THROUGHPUT_LONG_WINDOW} average",
         description=f"Output tokens/s of model {{{{ $labels.model }}}} over the last {t.THROUGHPUT_SHORT_WINDOW} "
@@ -154,6 +161,15 @@ ALERTS: List[Alert] = [
                     "engine_up=0{{ else }}No replica of model {{ $labels.model }} exports metrics while its job is "
                     f"running{{{{ end }}}} (for {t.ENGINE_DOWN_FOR}).",
         value_format="number", panel_key="engine_up",
+    ),
+    Alert(
+        name="RaygenReplicasBelowExpected",
+        query=_HEALTHY_VS_EXPECTED,
+        op="<", threshold=1, for_=t.REPLICAS_BELOW_FOR, severity="warning",
+        summary="raygen model {{ $labels.model }}: fewer healthy replicas than the run expects",
+        description="Healthy engine replicas of model {{ $labels.model }} are <VALUE> of what its running job "
+                    f"expects (serve.autoscaling.min_replicas), for {t.REPLICAS_BELOW_FOR}.",
+        value_format="percent", panel_key="replicas",
     ),
     Alert(
         name="RaygenAcceptLengthDrop",
@@ -194,13 +210,11 @@ def prometheus_rules() -> dict:
     the same evaluation see this cycle's values)."""
     rules: list = [{"record": name, "expr": expr} for name, expr in RECORDING_RULES.items()]
     for a in ALERTS:
-        rules.append({
-            "alert": a.name,
-            "expr": a.expr,
-            "for": a.for_,
-            "labels": {"severity": a.severity},
-            "annotations": a.annotations(grafana=False),
-        })
+        rule = {"alert": a.name, "expr": a.expr, "for": a.for_}
+        if a.keep_firing_for:
+            rule["keep_firing_for"] = a.keep_firing_for
+        rule.update(labels={"severity": a.severity}, annotations=a.annotations(grafana=False))
+        rules.append(rule)
     return {"groups": [{"name": GROUP, "rules": rules}]}
 
 

@@ -73,21 +73,9 @@ ACCEPT_LENGTH = Metric(
     "raygen_accept_length", HISTOGRAM, _MR,
     "Per-request accept length (completion tokens / verify steps).", REPLICA)
 REQUEST_LATENCY = Metric(
-    "raygen_request_latency_s", HISTOGRAM, _MR, "End-to-end request latency in the replica, seconds.", REPLICA)
+    "raygen_request_latency_seconds", HISTOGRAM, _MR, "End-to-end request latency in the replica, seconds.", REPLICA)
 INFLIGHT_REQUESTS = Metric(
     "raygen_inflight_requests", GAUGE, ("model",), "Requests currently inside the replica.", REPLICA)
-ENGINE_RUNNING_REQUESTS = Metric(
-    "raygen_engine_running_requests", GAUGE, ("model",), "Engine-reported running requests (relayed).", REPLICA)
-ENGINE_QUEUED_REQUESTS = Metric(
-    "raygen_engine_queued_requests", GAUGE, ("model",), "Engine-reported queued requests (relayed).", REPLICA)
-ENGINE_TOKEN_USAGE = Metric(
-    "raygen_engine_token_usage", GAUGE, ("model",), "Engine KV-cache token usage, 0..1 (relayed).", REPLICA)
-ENGINE_GEN_THROUGHPUT = Metric(
-    "raygen_engine_gen_throughput_tok_s", GAUGE, ("model",), "Engine-reported generation throughput, tok/s (relayed).",
-    REPLICA)
-ENGINE_SPEC_ACCEPT_LENGTH = Metric(
-    "raygen_engine_spec_accept_length", GAUGE, ("model",), "Engine-reported speculative accept length (relayed).",
-    REPLICA)
 ENGINE_UP = Metric(
     "raygen_engine_up", GAUGE, ("model",), "1 while the replica's engine passes health checks, else 0.", REPLICA)
 
@@ -97,7 +85,7 @@ FAILURES = Metric("raygen_failures", COUNTER, ("model", "run", "error_class"),
 RETRIES = Metric("raygen_retries", COUNTER, ("model", "run", "error_class"), "Request retries, by error class.", JOB)
 REJECTS = Metric("raygen_rejects", COUNTER, ("model", "run", "reason"),
                  "Rows rejected before generation (validation), by reason.", JOB)
-JOB_ROWS_TOTAL = Metric("raygen_job_rows_total", GAUGE, _MR, "Rows in the input of the run.", JOB)
+JOB_INPUT_ROWS = Metric("raygen_job_input_rows", GAUGE, _MR, "Rows in the input of the run.", JOB)
 JOB_ROWS_DONE = Metric("raygen_job_rows_done", GAUGE, _MR, "Rows durably written with a completion.", JOB)
 JOB_ROWS_FAILED = Metric("raygen_job_rows_failed", GAUGE, _MR, "Rows durably written as failed.", JOB)
 JOB_ROWS_REJECTED = Metric("raygen_job_rows_rejected", GAUGE, _MR, "Rows durably written as rejected.", JOB)
@@ -110,6 +98,39 @@ JOB_LAST_WRITE_TIMESTAMP = Metric(
     "raygen_job_last_write_timestamp_seconds", GAUGE, _MR,
     "Unix time of the newest durable write (initialised to driver start).", JOB)
 JOB_RUNNING = Metric("raygen_job_running", GAUGE, _MR, "1 while the driver runs; set to 0 on clean exit.", JOB)
+JOB_TRUNCATION_THRESHOLD = Metric(
+    "raygen_job_truncation_threshold_ratio", GAUGE, _MR,
+    "The run's truncation alert threshold (job.truncation_alert_ratio), 0..1.", JOB)
+JOB_EXPECTED_REPLICAS = Metric(
+    "raygen_job_expected_replicas", GAUGE, _MR,
+    "Engine replicas the run expects at least (serve.autoscaling.min_replicas).", JOB)
+
+# --- relayed from SGLang ------------------------------------------------------------
+# Each replica relays every ``sglang:*`` sample of its engine's /metrics as a Ray gauge
+# named ``sglang_<rest>`` (value = the engine's own value, counters and histogram
+# buckets included); the scrape config renames ``ray_sglang_<rest>`` back to
+# ``sglang:<rest>`` (cluster/prometheus/prometheus.yml), so SGLang's published Grafana
+# dashboard works unchanged and every series carries Serve's ``replica`` label.
+RELAY_PREFIX = "sglang_"  # Ray metric name = RELAY_PREFIX + SGLang name after "sglang:"
+SGLANG_PREFIX = "sglang:"
+# The SGLang series raygen's dashboard reads (the relay forwards all of them).
+SGLANG_SERIES = frozenset({
+    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+    "sglang:spec_accept_length", "sglang:cache_hit_rate", "sglang:num_retracted_reqs",
+    "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
+})
+
+
+# The scrape-time rename (Prometheus metric_relabel_configs form; PodMonitor uses the
+# same fields in camelCase). cluster/ configs must carry exactly this rule (tested).
+SGLANG_RELABEL = {"source_labels": ["__name__"], "regex": "ray_sglang_(.+)",
+                  "target_label": "__name__", "replacement": "sglang:$1"}
+
+
+def relay_name(sglang_sample: str) -> str:
+    """Ray metric name for an SGLang sample name (``sglang:x`` -> ``sglang_x``)."""
+    return RELAY_PREFIX + sglang_sample.removeprefix(SGLANG_PREFIX)
+
 
 CATALOG: Tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
 BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOG}

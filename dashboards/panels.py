@@ -17,6 +17,9 @@ TITLE = "raygen - generation run"
 RI = "$__rate_interval"  # Grafana picks a window >= 4 scrape intervals
 RM = q.RUN_MODEL  # run=~"$run", model=~"$model"
 M = q.MODEL  # engine/replica gauges carry only model
+# SGLang's own series (relayed, see metrics_catalog.SGLANG_SERIES) carry SGLang's
+# model_name (the served model name, which may differ from raygen's model label) and
+# Serve's replica label: shown per replica, unfiltered.
 BY_RUN = ("run", "model")
 
 _UP_DOWN = [{"type": "value", "options": {
@@ -43,12 +46,12 @@ def _quantile(metric: mc.Metric, qv: float) -> Target:
 
 
 PROGRESS = Row("Run progress", [
-    Panel("Progress", [Target(f"{s.rows_finished(BY_RUN, RM)} / {_job(mc.JOB_ROWS_TOTAL)}", "{{run}}")],
+    Panel("Progress", [Target(f"{s.rows_finished(BY_RUN, RM)} / {_job(mc.JOB_INPUT_ROWS)}", "{{run}}")],
           kind="stat", unit="percentunit", width=4,
           description="(done + failed + rejected) / total rows, from what the driver has durably written."),
     Panel("Rows done / total", [
         Target(_job(mc.JOB_ROWS_DONE), "done {{run}}"),
-        Target(_job(mc.JOB_ROWS_TOTAL), "total {{run}}"),
+        Target(_job(mc.JOB_INPUT_ROWS), "total {{run}}"),
         Target(_job(mc.JOB_ROWS_FAILED), "failed {{run}}"),
         Target(_job(mc.JOB_ROWS_REJECTED), "rejected {{run}}"),
     ], kind="stat", width=6),
@@ -65,7 +68,7 @@ PROGRESS = Row("Run progress", [
         Target(_job(mc.JOB_ROWS_FAILED), "failed {{run}}"),
         Target(_job(mc.JOB_ROWS_REJECTED), "rejected {{run}}"),
         Target(_job(mc.JOB_ROWS_TRUNCATED), "truncated {{run}}"),
-        Target(_job(mc.JOB_ROWS_TOTAL), "total {{run}}"),
+        Target(_job(mc.JOB_INPUT_ROWS), "total {{run}}"),
     ]),
 ])
 
@@ -82,16 +85,19 @@ THROUGHPUT = Row("Throughput", [
     Panel("Prompt tokens/s", [Target(q.sum_rate(mc.PROMPT_TOKENS.prom_name, RI, BY_RUN, RM), "{{run}} {{model}}")],
           min=0),
     Panel("Engine generation throughput (engine-reported)", [
-        Target(q.sum_by(("replica",), q.sel(mc.ENGINE_GEN_THROUGHPUT.prom_name, *M)), "{{replica}}")],
-          min=0, stack=True),
+        Target(q.sum_by(("replica",), "sglang:gen_throughput"), "{{replica}}")],
+          min=0, stack=True, description="sglang:gen_throughput, tokens/s, per replica."),
 ])
 
 QUALITY = Row("Output quality", [
-    Panel(f"Truncated fraction ({t.TRUNCATION_WINDOW})",
-          [Target(s.truncated_fraction(t.TRUNCATION_WINDOW, BY_RUN, RM), "{{run}} {{model}}")],
-          unit="percentunit", min=0, threshold=t.TRUNCATION_FRACTION_MAX, key="truncated_fraction",
-          description=f"Share of completions with finish_reason=length. RaygenTruncationHigh fires above the "
-                      f"line for {t.TRUNCATION_FOR}."),
+    Panel("Truncated fraction", [
+        Target(s.truncated_fraction(t.TRUNCATION_WINDOW, BY_RUN, RM), f"{{{{run}}}} last {t.TRUNCATION_WINDOW}"),
+        Target(s.run_truncated_fraction(BY_RUN, RM), "{{run}} whole run (written)"),
+        Target(s.truncation_threshold(BY_RUN, RM), "{{run}} alert threshold"),
+    ], unit="percentunit", min=0, key="truncated_fraction",
+          description="Share of completions with finish_reason=length. RaygenTruncationHigh (warning) fires "
+                      "when the whole-run line stays above the run's threshold (job.truncation_alert_ratio) "
+                      f"for {t.TRUNCATION_FOR}."),
     Panel("Finish reasons", [Target(_by_rate(mc.COMPLETIONS, "finish_reason"), "{{finish_reason}}")],
           unit="short", min=0, stack=True, description="Completions per second by finish_reason."),
     Panel("Accept length (speculative decoding)", [
@@ -99,7 +105,7 @@ QUALITY = Row("Output quality", [
                f"{{{{run}}}} {t.ACCEPT_LENGTH_SHORT_WINDOW}"),
         Target(f"{t.ACCEPT_LENGTH_DROP_RATIO:g} * {s.accept_length(t.ACCEPT_LENGTH_LONG_WINDOW, BY_RUN, RM)}",
                f"{{{{run}}}} alert floor ({t.ACCEPT_LENGTH_DROP_RATIO:.0%} of {t.ACCEPT_LENGTH_LONG_WINDOW} avg)"),
-        Target(q.avg_by(("model",), q.sel(mc.ENGINE_SPEC_ACCEPT_LENGTH.prom_name, *M)), "engine-reported {{model}}"),
+        Target(q.avg_by(("model_name",), "sglang:spec_accept_length"), "engine-reported {{model_name}}"),
     ], min=0, key="accept_length",
           description="rate(spec output tokens) / rate(verify steps); only requests with speculative decoding."),
     Panel("Accept length per request p50 / p90", [_quantile(mc.ACCEPT_LENGTH, 0.5), _quantile(mc.ACCEPT_LENGTH, 0.9)],
@@ -112,12 +118,30 @@ LOAD = Row("Latency and load", [
     Panel("In-flight requests per replica", [
         Target(q.sum_by(("replica",), q.sel(mc.INFLIGHT_REQUESTS.prom_name, *M)), "{{replica}}")], min=0),
     Panel("Engine running / queued per replica", [
-        Target(q.sum_by(("replica",), q.sel(mc.ENGINE_RUNNING_REQUESTS.prom_name, *M)), "running {{replica}}"),
-        Target(q.sum_by(("replica",), q.sel(mc.ENGINE_QUEUED_REQUESTS.prom_name, *M)), "queued {{replica}}"),
+        Target(q.sum_by(("replica",), "sglang:num_running_reqs"), "running {{replica}}"),
+        Target(q.sum_by(("replica",), "sglang:num_queue_reqs"), "queued {{replica}}"),
     ], min=0),
     Panel("Engine KV token usage", [
-        Target(q.max_by(("replica",), q.sel(mc.ENGINE_TOKEN_USAGE.prom_name, *M)), "{{replica}}")],
+        Target(q.max_by(("replica",), "sglang:token_usage"), "{{replica}}")],
           unit="percentunit", min=0, max=1),
+])
+
+
+def _sglang_quantile(family: str, qv: float) -> Target:
+    buckets = q.sum_by(("le",), q.rate(f"{family}_bucket", RI))
+    return Target(f"histogram_quantile({qv}, {buckets})", f"p{int(qv * 100)}")
+
+
+ENGINE = Row("Engine (SGLang's own metrics, relayed per replica)", [
+    Panel("Time to first token", [_sglang_quantile("sglang:time_to_first_token_seconds", v) for v in (0.5, 0.9, 0.99)],
+          unit="s", min=0, width=6, description="sglang:time_to_first_token_seconds, all replicas."),
+    Panel("Inter-token latency", [_sglang_quantile("sglang:inter_token_latency_seconds", v) for v in (0.5, 0.9, 0.99)],
+          unit="s", min=0, width=6, description="sglang:inter_token_latency_seconds, all replicas."),
+    Panel("Prefix cache hit rate", [Target(q.max_by(("replica",), "sglang:cache_hit_rate"), "{{replica}}")],
+          unit="percentunit", min=0, max=1, width=6, description="sglang:cache_hit_rate per replica."),
+    Panel("Retracted requests", [Target(q.max_by(("replica",), "sglang:num_retracted_reqs"), "{{replica}}")],
+          min=0, width=6, description="sglang:num_retracted_reqs per replica: requests evicted from the running "
+                                      "batch for lack of KV cache (they are recomputed; many = KV pressure)."),
 ])
 
 ERRORS = Row("Errors", [
@@ -135,11 +159,16 @@ HEALTH = Row("Engine health", [
                                "{{replica}}")],
           kind="stat", width=16, threshold=1, threshold_below=True, mappings=_UP_DOWN, key="engine_up",
           description="Per replica. A replica missing here while the job runs is also RaygenEngineDown."),
-    Panel("Replicas reporting", [Target(q.count_by(("model",), q.sel(mc.ENGINE_UP.prom_name, *M)), "{{model}}")],
-          kind="stat", width=8),
+    Panel("Healthy / expected replicas", [
+        Target(s.healthy_replicas(M), "healthy {{model}}"),
+        # Not gated on job_running like the alert: the value stays visible after a run.
+        Target(q.max_by(("model",), q.sel(mc.JOB_EXPECTED_REPLICAS.prom_name, *RM)), "expected {{model}}"),
+    ], kind="stat", width=8, key="replicas",
+          description="Replicas whose engine is up vs serve.autoscaling.min_replicas of the running job; "
+                      "RaygenReplicasBelowExpected fires while healthy < expected."),
 ])
 
-ROWS = [PROGRESS, THROUGHPUT, QUALITY, LOAD, ERRORS, HEALTH]
+ROWS = [PROGRESS, THROUGHPUT, QUALITY, LOAD, ENGINE, ERRORS, HEALTH]
 
 VARIABLES = [
     g.datasource_variable(),

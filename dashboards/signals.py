@@ -30,10 +30,6 @@ def truncated_fraction(window: str, by: Sequence[str] = RUN_MODEL, matchers: Ite
     return q.safe_ratio(q.or_zero(length, total), total)
 
 
-def completions_in(window: str, by: Sequence[str] = RUN_MODEL, matchers: Iterable[str] = ()) -> str:
-    return q.sum_by(by, q.increase(q.sel(mc.COMPLETIONS.prom_name, *matchers), window))
-
-
 def failure_ratio(window: str, by: Sequence[str] = ("run",), matchers: Iterable[str] = ()) -> str:
     """failures / (completions + failures).
 
@@ -72,3 +68,26 @@ def rows_finished(by: Sequence[str] = RUN_MODEL, matchers: Iterable[str] = (), o
         return q.max_by(by, f"last_over_time({s}[{over}])" if over else s)
 
     return f"({g(mc.JOB_ROWS_DONE)} + {g(mc.JOB_ROWS_FAILED)} + {g(mc.JOB_ROWS_REJECTED)})"
+
+
+def run_truncated_fraction(by: Sequence[str] = RUN_MODEL, matchers: Iterable[str] = ()) -> str:
+    """Truncated share of the run's durably written completions (the job's gauges)."""
+    return q.ratio_if_positive(q.max_by(by, q.sel(mc.JOB_ROWS_TRUNCATED.prom_name, *matchers)),
+                               q.max_by(by, q.sel(mc.JOB_ROWS_DONE.prom_name, *matchers)))
+
+
+def truncation_threshold(by: Sequence[str] = RUN_MODEL, matchers: Iterable[str] = ()) -> str:
+    """The run's own truncation threshold (job.truncation_alert_ratio)."""
+    return q.max_by(by, q.sel(mc.JOB_TRUNCATION_THRESHOLD.prom_name, *matchers))
+
+
+def healthy_replicas(matchers: Iterable[str] = ()) -> str:
+    """Replicas per model whose engine reports up."""
+    return q.count_by(("model",), f"({q.sel(mc.ENGINE_UP.prom_name, *matchers)} == 1)")
+
+
+def expected_replicas(matchers: Iterable[str] = ()) -> str:
+    """Replicas the running jobs of a model expect (max over its runs)."""
+    running = job_running(matchers=matchers)
+    expected = q.max_by(RUN_MODEL, q.sel(mc.JOB_EXPECTED_REPLICAS.prom_name, *matchers))
+    return q.max_by(("model",), q.and_on(RUN_MODEL, expected, running))

@@ -5,13 +5,19 @@ Change a value here, run ``python -m dashboards.build``, commit the regenerated
 files; the unit tests fail if the generated files are stale.
 """
 
-# RaygenTruncationHigh: share of completions with finish_reason="length".
-TRUNCATION_FRACTION_MAX = 0.10
-TRUNCATION_WINDOW = "15m"
+# RaygenTruncationHigh: the run's written truncated rows / written rows, against the
+# run's own threshold (job.truncation_alert_ratio, exported as a gauge; the value
+# below is only the dashboard's reference line for runs without that gauge).
+# Cumulative over the run's durable output, so it crosses the threshold once and
+# stays there (a run's budget cannot change mid-run): one warning per run, no flapping.
+TRUNCATION_FRACTION_DEFAULT = 0.10  # = JobConfig.truncation_alert_ratio's default
+TRUNCATION_WINDOW = "15m"  # the dashboard panel's rolling window
 TRUNCATION_FOR = "10m"
-# Ignore windows with too few completions: 2 truncations out of 10 is noise,
-# not a regression (only matters at the very start of a run or when nearly idle).
-TRUNCATION_MIN_COMPLETIONS = 50
+# Hold the alert this long after the fraction dips under the threshold, so a run
+# hovering around it does not fire/resolve/fire again.
+TRUNCATION_KEEP_FIRING_FOR = "1h"
+# Ignore runs with too few written rows: 2 truncations out of 10 is noise.
+TRUNCATION_MIN_ROWS = 50
 
 # RaygenThroughputDrop: short-window output tok/s vs the long-window average.
 THROUGHPUT_DROP_RATIO = 0.5
@@ -30,6 +36,11 @@ STALL_FOR = "1m"
 
 # RaygenEngineDown: engine_up == 0, or no replica metrics while the job runs.
 ENGINE_DOWN_FOR = "2m"
+
+# RaygenReplicasBelowExpected: healthy replicas / the run's expected replicas
+# (serve.autoscaling.min_replicas) while its driver runs. Serve replaces a failed
+# replica within minutes; longer means lost capacity (node gone, no GPU free).
+REPLICAS_BELOW_FOR = "10m"
 
 # RaygenAcceptLengthDrop: short-window accept length vs the long-window average.
 ACCEPT_LENGTH_DROP_RATIO = 0.7

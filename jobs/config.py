@@ -108,6 +108,13 @@ class JobConfig(StrictModel):
     metrics_linger_s: float = Field(
         10.0, ge=0, description="Seconds the driver stays up after the run so Prometheus "
         "scrapes the final gauges (job_running=0) before they disappear.")
+    truncation_alert_ratio: float = Field(
+        0.10, gt=0, le=1, description="RaygenTruncationHigh (warning) fires when more than "
+        "this share of the run's written completions hit max_new_tokens; exported per run "
+        "as ray_raygen_job_truncation_threshold_ratio.")
+    metrics_category_limit: int = Field(
+        20, ge=1, description="Distinct `category` label values per generate actor in the "
+        "metrics; later categories are reported as `other` (bounds series count).")
 
     @field_validator("input", mode="before")
     @classmethod

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 from ray import serve
 
+from jobs.job_metrics import CategoryCap
 from jobs.retry import (NOT_ENGINE_CLASSES, REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker,
                         backoff_s, error_text, is_replica_bug, replica_error_class)
 from jobs.row_sender import RowSender
@@ -36,9 +37,11 @@ class GenerateRows:
                                 ctx["call_linger_s"])
         self.retries = ctx["retries"]
         self.breaker = Breaker(**ctx["breaker"])
+        self.category_label = CategoryCap(ctx["metrics_category_limit"])
 
     def _request(self, row: dict[str, Any]) -> dict[str, Any]:
-        request = {"key": row["key"], "run": self.ctx["run"], "category": row["category"],
+        request = {"key": row["key"], "run": self.ctx["run"],
+                   "category": self.category_label(row["category"]),  # a metrics label only
                    "messages": None, "tools": None, "input_ids": None, "prompt_len": None,
                    "max_new_tokens": self.ctx["max_new_tokens"],
                    "sampling": self.ctx["sampling"],

@@ -1,41 +1,55 @@
-"""Job-level metrics set by the driver from what is durably written: progress gauges
-and the failure/retry/reject counters."""
+"""Job-level metrics set by the driver from what is durably written: progress gauges,
+the run's alert settings as gauges, the failure/retry/reject counters; plus the
+category cap the generate actors apply to the ``category`` label, and the link to
+raygen's Grafana dashboard the driver logs. Names come from dashboards/metrics_catalog.py."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import urllib.parse
+from typing import Any, Optional
 
-from ray.util import metrics
+from dashboards import metrics_catalog as mc
 
+# Progress gauge -> field of the ProgressTracker snapshot.
 GAUGES = {
-    "raygen_job_rows_total": "total",
-    "raygen_job_rows_done": "completed",
-    "raygen_job_rows_failed": "failed",
-    "raygen_job_rows_rejected": "rejected",
-    "raygen_job_rows_truncated": "truncated",
-    "raygen_job_output_tokens_written": "output_tokens",
-    "raygen_job_eta_seconds": "eta_s",
-    "raygen_job_last_write_timestamp_seconds": "last_write_at",
+    mc.JOB_INPUT_ROWS: "total",
+    mc.JOB_ROWS_DONE: "completed",
+    mc.JOB_ROWS_FAILED: "failed",
+    mc.JOB_ROWS_REJECTED: "rejected",
+    mc.JOB_ROWS_TRUNCATED: "truncated",
+    mc.JOB_OUTPUT_TOKENS_WRITTEN: "output_tokens",
+    mc.JOB_ETA_SECONDS: "eta_s",
+    mc.JOB_LAST_WRITE_TIMESTAMP: "last_write_at",
 }
+OUTCOMES = {"failures": mc.FAILURES, "retries": mc.RETRIES, "rejects": mc.REJECTS}
+OTHER_CATEGORY = "other"
+DASHBOARD_UID = "raygen-run"  # dashboards/panels.py UID (kept import-light: no dashboards.panels)
 
 
 class JobGauges:
-    def __init__(self, run: str, model: str):
+    """The driver's metrics. ``settings`` are per-run constants the alert rules compare
+    against (truncation threshold, expected replicas); they are re-set with every
+    snapshot because Ray drops a gauge ~20 s after its last set()."""
+
+    def __init__(self, run: str, model: str, truncation_threshold: float, expected_replicas: int):
+        from ray.util import metrics  # the driver only; keeps this module importable without ray
+
         self.tags = {"run": run, "model": model}
-        self.gauges = {name: metrics.Gauge(name, f"Job progress: {field}.",
-                                           tag_keys=("run", "model"))
-                       for name, field in GAUGES.items()}
-        self.running = metrics.Gauge("raygen_job_running", "1 while the job driver runs.",
-                                     tag_keys=("run", "model"))
-        self.outcomes = {
-            "failures": ("error_class", metrics.Counter(
-                "raygen_failures", "Rows failed after retries.",
-                tag_keys=("run", "model", "error_class"))),
-            "retries": ("error_class", metrics.Counter(
-                "raygen_retries", "Request retries.", tag_keys=("run", "model", "error_class"))),
-            "rejects": ("reason", metrics.Counter(
-                "raygen_rejects", "Rejected input rows.", tag_keys=("run", "model", "reason"))),
-        }
+        self.gauges = {m: metrics.Gauge(m.name, m.description, tag_keys=m.labels) for m in GAUGES}
+        self.running = metrics.Gauge(mc.JOB_RUNNING.name, mc.JOB_RUNNING.description,
+                                     tag_keys=mc.JOB_RUNNING.labels)
+        self.settings = {
+            metrics.Gauge(m.name, m.description, tag_keys=m.labels): float(value)
+            for m, value in ((mc.JOB_TRUNCATION_THRESHOLD, truncation_threshold),
+                             (mc.JOB_EXPECTED_REPLICAS, expected_replicas))}
+        self.outcomes = {key: (m.labels[-1], metrics.Counter(m.name, m.description, tag_keys=m.labels))
+                         for key, m in OUTCOMES.items()}
+
+    @classmethod
+    def for_config(cls, cfg) -> "JobGauges":
+        return cls(cfg.job.run_name, cfg.engine.model_name, cfg.job.truncation_alert_ratio,
+                   cfg.serve.autoscaling.min_replicas)
 
     def count(self, events: list[tuple[str, str]]) -> None:
         """Outcomes read from newly written files (see progress.RunCounts.events)."""
@@ -44,8 +58,49 @@ class JobGauges:
             counter.inc(1, dict(self.tags, **{key: label}))
 
     def set(self, snapshot: dict[str, Any]) -> None:
-        for name, field in GAUGES.items():
+        for m, field in GAUGES.items():
             value = snapshot.get(field)
             if value is not None:
-                self.gauges[name].set(float(value), self.tags)
+                self.gauges[m].set(float(value), self.tags)
         self.running.set(1.0 if snapshot.get("status") == "running" else 0.0, self.tags)
+        for gauge, value in self.settings.items():
+            gauge.set(value, self.tags)
+
+
+class CategoryCap:
+    """Bound the ``category`` label: the first ``limit`` distinct categories this actor
+    sees keep their name, every later one is reported as ``other``.
+
+    Categories come from user data, so without a cap one typo-ridden input could create
+    thousands of series per replica. Input order puts the common categories first in
+    practice; each generate actor decides on its own, so with N actors at most
+    N x limit names exist (usually the same few).
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.kept: set[str] = set()
+
+    def __call__(self, category: Optional[str]) -> str:
+        name = category or ""
+        if name in self.kept:
+            return name
+        if len(self.kept) < self.limit:
+            self.kept.add(name)
+            return name
+        return OTHER_CATEGORY
+
+
+def dashboard_url(run: str, model: str, environ: Optional[dict] = None) -> Optional[str]:
+    """Link to raygen's Grafana dashboard filtered to this run, or None without Grafana.
+
+    Uses the address the browser reaches Grafana at (Ray's RAY_GRAFANA_IFRAME_HOST,
+    else RAY_GRAFANA_HOST), the same variables the Ray dashboard reads.
+    """
+    env = os.environ if environ is None else environ
+    host = env.get("RAY_GRAFANA_IFRAME_HOST") or env.get("RAY_GRAFANA_HOST")
+    if not host or host == "DISABLED":
+        return None
+    query = urllib.parse.urlencode({"orgId": env.get("RAY_GRAFANA_ORG_ID", "1"),
+                                    "var-run": run, "var-model": model})
+    return f"{host.rstrip('/')}/d/{DASHBOARD_UID}?{query}"

@@ -45,6 +45,7 @@ def stage_context(cfg: RunConfig) -> dict[str, Any]:
         "rows_per_call": cfg.job.rows_per_call,
         "call_linger_s": cfg.job.call_linger_s,
         "retries": cfg.job.retries.model_dump(), "breaker": cfg.job.breaker.model_dump(),
+        "metrics_category_limit": cfg.job.metrics_category_limit,
     }
 
 

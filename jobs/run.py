@@ -317,12 +317,14 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     import time
 
     from jobs import pipeline
-    from jobs.job_metrics import JobGauges
+    from jobs.job_metrics import JobGauges, dashboard_url
     from jobs.progress import ProgressTracker
 
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
-                               cfg.job.progress_interval_s,
-                               JobGauges(cfg.job.run_name, cfg.engine.model_name)).start()
+                               cfg.job.progress_interval_s, JobGauges.for_config(cfg)).start()
+    url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
+    if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
+        logger.info("raygen dashboard for this run: %s", url)
 
     def on_stop() -> None:  # SIGTERM: the truth first, then the slow teardown
         _write_status_now(progress, "stopped")

@@ -3,63 +3,98 @@
 Counters, not rates: Prometheus derives tok/s and the truncated fraction. Speculative
 accept length is exported as two counters (spec output tokens, verify steps) so any
 window's accept length is sum(tokens)/sum(verify), never a mean of ratios.
-The engine's own gauges are relayed from its /metrics so per-replica engine state is
-on the Ray dashboard next to ours. Names are catalogued in dashboards/METRICS.md.
+The engine's own /metrics is relayed sample by sample (see ``EngineRelay``) so SGLang's
+metrics reach Prometheus with this replica's labels. Names come from
+dashboards/metrics_catalog.py (documented in dashboards/METRICS.md).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from ray.serve import metrics
 
-_ROW = ("model", "run", "category")
-# SGLang gauge name -> our relayed gauge name.
-ENGINE_GAUGES = {
-    "sglang:num_running_reqs": "raygen_engine_running_requests",
-    "sglang:num_queue_reqs": "raygen_engine_queued_requests",
-    "sglang:token_usage": "raygen_engine_token_usage",
-    "sglang:gen_throughput": "raygen_engine_gen_throughput_tok_s",
-    "sglang:spec_accept_length": "raygen_engine_spec_accept_length",
-}
+from dashboards import metrics_catalog as mc
+
+logger = logging.getLogger(__name__)
+
 LATENCY_BOUNDARIES_S = [1, 5, 15, 30, 60, 120, 300, 600, 1200, 2400, 3600]
 ACCEPT_BOUNDARIES = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0]
+
+
+def _counter(m: mc.Metric) -> metrics.Counter:
+    return metrics.Counter(m.name, m.description, tag_keys=m.labels)
+
+
+def _gauge(m: mc.Metric) -> metrics.Gauge:
+    return metrics.Gauge(m.name, m.description, tag_keys=m.labels)
+
+
+def _histogram(m: mc.Metric, boundaries: list[float]) -> metrics.Histogram:
+    return metrics.Histogram(m.name, m.description, boundaries=boundaries, tag_keys=m.labels)
+
+
+class EngineRelay:
+    """Forward every ``sglang:*`` sample of the engine's /metrics as a Ray gauge.
+
+    A gauge carrying the engine's own value (cumulative for counters and histogram
+    buckets) keeps SGLang's exact series: the scrape config renames
+    ``ray_sglang_<x>`` back to ``sglang:<x>``, and rate()/histogram_quantile() work on
+    it as on the engine's own endpoint. One Ray gauge per sample name, its tag keys
+    fixed by the first sample seen; a later sample with other label names is skipped
+    (logged once) because Ray rejects undeclared tag keys.
+    """
+
+    def __init__(self) -> None:
+        self.gauges: dict[str, tuple[metrics.Gauge, tuple[str, ...]]] = {}
+        self._warned: set[str] = set()
+
+    def relay(self, metrics_text: str) -> int:
+        """Set one gauge value per engine sample; returns how many were relayed."""
+        relayed = 0
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if not sample.name.startswith(mc.SGLANG_PREFIX):
+                    continue
+                if self._set(sample.name, sample.labels, sample.value):
+                    relayed += 1
+        return relayed
+
+    def _set(self, name: str, labels: dict[str, str], value: float) -> bool:
+        keys = tuple(sorted(labels))
+        if name not in self.gauges:
+            gauge = metrics.Gauge(mc.relay_name(name), f"Relayed from the engine: {name}.", tag_keys=keys)
+            self.gauges[name] = (gauge, keys)
+        gauge, declared = self.gauges[name]
+        if keys != declared:
+            if name not in self._warned:
+                self._warned.add(name)
+                logger.warning("engine metric %s: labels %s differ from %s; not relayed", name, keys, declared)
+            return False
+        gauge.set(value, dict(labels))
+        return True
 
 
 class ReplicaMetrics:
     def __init__(self, model: str):
         self.model = model
-        self.output_tokens = metrics.Counter(
-            "raygen_output_tokens", "Completion tokens generated.", tag_keys=_ROW)
-        self.prompt_tokens = metrics.Counter(
-            "raygen_prompt_tokens", "Prompt tokens processed.", tag_keys=_ROW)
-        self.completions = metrics.Counter(
-            "raygen_completions", "Finished generations by finish reason.",
-            tag_keys=_ROW + ("finish_reason",))
-        self.spec_output_tokens = metrics.Counter(
-            "raygen_spec_output_tokens",
-            "Completion tokens of requests that reported speculative verify steps.",
-            tag_keys=("model", "run"))
-        self.spec_verify_steps = metrics.Counter(
-            "raygen_spec_verify_steps", "Speculative verify steps.", tag_keys=("model", "run"))
-        self.accept_length = metrics.Histogram(
-            "raygen_accept_length", "Per-request speculative accept length.",
-            boundaries=ACCEPT_BOUNDARIES, tag_keys=("model", "run"))
-        self.latency = metrics.Histogram(
-            "raygen_request_latency_s", "Seconds per generation request in the replica.",
-            boundaries=LATENCY_BOUNDARIES_S, tag_keys=("model", "run"))
-        self.inflight = metrics.Gauge(
-            "raygen_inflight_requests", "Requests in this replica now.", tag_keys=("model",))
-        self.engine_up = metrics.Gauge(
-            "raygen_engine_up", "1 if the engine answers /health, else 0.", tag_keys=("model",))
-        self.engine = {
-            ours: metrics.Gauge(ours, f"Relayed engine gauge {theirs}.", tag_keys=("model",))
-            for theirs, ours in ENGINE_GAUGES.items()}
+        self.output_tokens = _counter(mc.OUTPUT_TOKENS)
+        self.prompt_tokens = _counter(mc.PROMPT_TOKENS)
+        self.completions = _counter(mc.COMPLETIONS)
+        self.spec_output_tokens = _counter(mc.SPEC_OUTPUT_TOKENS)
+        self.spec_verify_steps = _counter(mc.SPEC_VERIFY_STEPS)
+        self.accept_length = _histogram(mc.ACCEPT_LENGTH, ACCEPT_BOUNDARIES)
+        self.latency = _histogram(mc.REQUEST_LATENCY, LATENCY_BOUNDARIES_S)
+        self.inflight = _gauge(mc.INFLIGHT_REQUESTS)
+        self.engine_up = _gauge(mc.ENGINE_UP)
+        self.engine = EngineRelay()
 
     def record(self, request: dict[str, Any], result: dict[str, Any]) -> None:
         if result.get("error_class"):
             return  # failures are counted by the job, which knows about retries
+        # The job caps category values (jobs.job_metrics.CategoryCap) before sending.
         tags = {"model": self.model, "run": request.get("run") or "",
                 "category": request.get("category") or ""}
         _inc(self.output_tokens, result["completion_tokens"], tags)
@@ -77,11 +112,7 @@ class ReplicaMetrics:
 
     def relay_engine(self, metrics_text: str, up: bool) -> None:
         self.engine_up.set(1 if up else 0, {"model": self.model})
-        for family in text_string_to_metric_families(metrics_text):
-            ours = ENGINE_GAUGES.get(family.name)
-            if ours and family.samples:
-                value = sum(s.value for s in family.samples)
-                self.engine[ours].set(value, {"model": self.model})
+        self.engine.relay(metrics_text)
 
 
 def _inc(counter: metrics.Counter, value: Any, tags: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from cluster.local_stack import create_bucket, start_s3
 from serve_apps.engine_process import free_port
 
+REPO = Path(__file__).resolve().parents[2]
 BUCKET = "raygen-test"
 FAST_SIM = {"time_scale": 0.002, "accept_length": 3.0}
 
@@ -36,8 +38,13 @@ def s3_endpoint(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(s3_endpoint):
+def ray_cluster(s3_endpoint, tmp_path_factory):
     import ray
+    # Ray writes its Grafana dashboards here and keeps raygen's next to them, as
+    # cluster/ configures it (dashboards/README.md "What appears where").
+    grafana_dir = tmp_path_factory.mktemp("grafana-dashboards")
+    shutil.copy(REPO / "dashboards" / "grafana" / "raygen.json", grafana_dir)
+    os.environ["RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR"] = str(grafana_dir)
     # Fixed default ports of Ray's own metrics servers would collide with any other
     # Ray cluster on a dev machine; the processes Ray starts inherit these.
     os.environ["DASHBOARD_METRIC_PORT"] = str(free_port())
@@ -104,11 +111,3 @@ def write_prompts(path: Path, n: int, start: int = 0, with_ids: bool = True,
         for line in extra_lines or []:
             f.write(line + "\n")
     return path
-
-
-def pytest_collection_modifyitems(items):
-    """Run the live Prometheus test first. In full-suite runs on a clean machine its
-    Prometheus never saw this session's Ray metrics endpoints after the long
-    fault-injection tests had run (alone, or after test_job_e2e, it passes); the cause
-    is not found yet (see the closing note of the observability issue)."""
-    items.sort(key=lambda item: "test_metrics_live" not in item.nodeid)

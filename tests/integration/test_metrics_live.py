@@ -66,10 +66,16 @@ REPO_PROM_CONFIG = REPO / "cluster" / "prometheus" / "prometheus.yml"
 SD_FILE = "prom_metrics_service_discovery.json"
 APP = "raygen-test"  # the app run_config deploys; shared with the other integration tests
 MODEL = "sim-test"  # run_config's engine.model_path (model_name defaults to it)
-INTERVAL_S = 1  # scrape + rule evaluation interval of the test Prometheus
+INTERVAL_S = 1  # rule evaluation interval of the test Prometheus (scrapes: the repo config's)
 BAD_LINES = ['{"id": "broken", "messages": [', '{"id": "nomsg"}']
 FINAL_WAIT_S = 60  # bound for "the final values are scraped" (Ray reports every ~10 s)
+CATEGORY_LIMIT = 2  # the counted run's metrics_category_limit (its prompts have 4 categories)
+COUNTED_TRUNCATION_RATIO = 0.3  # the counted run's truncation_alert_ratio, exported as a gauge
 SLOW_FACTOR = 80.0  # engine slowdown: a median completion takes ~3.6 s instead of ~45 ms
+# The counted run carries the rate-and-running signals (RaygenThroughputDrop): it must
+# span several 10 s scrapes (the repo config's) while its driver reports running, even
+# when a loaded node's metrics page takes most of the scrape timeout to render.
+COUNTED_SLOW_FACTOR = 2 * SLOW_FACTOR
 
 
 # --- Prometheus --------------------------------------------------------------------
@@ -123,7 +129,15 @@ def _session_dir() -> Path:
 
 def prometheus_config(sd_file: Path) -> dict:
     """cluster/prometheus/prometheus.yml, pointed at this session's file-SD list and the
-    rules file by absolute path, with 1 s intervals."""
+    rules file by absolute path, evaluating rules every second.
+
+    The scrape interval and timeout stay the repo's (10 s each). This test used to
+    scrape every 1 s with a 1 s timeout and failed when it ran after other integration
+    tests: the node's metrics page keeps every Ray Data dataset's histograms and every
+    Serve deployment's series of all earlier tests in this session's cluster (5 MB,
+    6-11 s to fetch on the loaded 2-core machine after test_exactly_once), so every
+    scrape timed out and `up` stayed 0; alone or first, the page is small and fast.
+    """
     cfg = yaml.safe_load(REPO_PROM_CONFIG.read_text())
     # The repo config must load the real rules file (its path is relative to the config).
     (rules,) = cfg["rule_files"]
@@ -131,8 +145,7 @@ def prometheus_config(sd_file: Path) -> dict:
     (job,) = cfg["scrape_configs"]
     (sd,) = job["file_sd_configs"]
     assert sd["files"] == [f"/tmp/ray/{SD_FILE}"], sd
-    cfg["global"].update(scrape_interval=f"{INTERVAL_S}s", evaluation_interval=f"{INTERVAL_S}s",
-                         scrape_timeout=f"{INTERVAL_S}s")
+    cfg["global"].update(evaluation_interval=f"{INTERVAL_S}s")
     cfg["rule_files"] = [str(build.RULES_YML)]
     # This session's own file, not the /tmp/ray symlink: other Ray clusters on the
     # machine (other engineers' tests) keep re-pointing that symlink at themselves.
@@ -179,8 +192,13 @@ def prometheus(ray_cluster, tmp_path_factory):
             with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
                 return resp.status == 200
         _wait("prometheus to be ready", ready, 30)
-        _wait("Ray's metrics endpoints to be scraped",
-              lambda: prom.query('up{job="ray"} == 1') and prom.query("ray_node_cpu_count"), 180)
+        try:
+            _wait("Ray's metrics endpoints to be scraped",
+                  lambda: prom.query('up{job="ray"} == 1') and prom.query("ray_node_cpu_count"), 180)
+        except AssertionError as exc:  # say why: the targets' last scrape errors and durations
+            targets = [(t["scrapeUrl"], t["health"], t["lastError"], t["lastScrapeDuration"])
+                       for t in prom.api("targets")["activeTargets"]]
+            raise AssertionError(f"{exc}; targets: {targets}; SD file: {sd_file.read_text()}") from None
         yield prom
     finally:
         proc.terminate()
@@ -231,7 +249,7 @@ ray.init()
 store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
 total = sum(count_rows(locate(uri, cfg.storage)) for uri in cfg.job.input)
 ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name, cfg.job.progress_interval_s,
-                JobGauges(cfg.job.run_name, cfg.engine.model_name)).start()
+                JobGauges.for_config(cfg)).start()
 time.sleep(600)
 """
 
@@ -269,7 +287,8 @@ def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
                              app_name=APP, job={"retries": {"max_attempts": 2},
                                                 "inflight_rows_per_actor": 16})
     crash_tree = _tree(tmp, s3_endpoint, runs["crash"], 100)
-    counted_tree = _tree(tmp, s3_endpoint, runs["counted"], 150, BAD_LINES)
+    counted_tree = _tree(tmp, s3_endpoint, runs["counted"], 150, BAD_LINES,
+                         truncation_alert_ratio=COUNTED_TRUNCATION_RATIO, metrics_category_limit=CATEGORY_LIMIT)
 
     crash = _start_crash_driver(crash_tree, tmp)
     try:
@@ -303,7 +322,7 @@ def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
     # decoding (see the module docstring) gives the throughput signal and the truncation
     # alert's volume gate (increase >= 50 completions) growth between reports.
     try:
-        set_faults(urls, slow_rate=1.0, slow_factor=SLOW_FACTOR)
+        set_faults(urls, slow_rate=1.0, slow_factor=COUNTED_SLOW_FACTOR)
         summary = run(counted_tree)
     finally:
         set_faults(urls, **CLEAR_FAULTS, slow_factor=5.0)
@@ -480,7 +499,7 @@ def test_counters_match_the_parquet_output(live):
     def gauge(metric: mc.Metric) -> Optional[float]:
         return prom.value(f"max({live.sel(metric.prom_name, 'counted')})", at)
 
-    assert gauge(mc.JOB_ROWS_TOTAL) == len(data) + len(BAD_LINES)
+    assert gauge(mc.JOB_INPUT_ROWS) == len(data) + len(BAD_LINES)
     assert gauge(mc.JOB_ROWS_DONE) == len(data)
     assert gauge(mc.JOB_ROWS_FAILED) == 0
     assert gauge(mc.JOB_ROWS_REJECTED) == len(rejects)
@@ -488,6 +507,16 @@ def test_counters_match_the_parquet_output(live):
     assert gauge(mc.JOB_OUTPUT_TOKENS_WRITTEN) == data.completion_tokens.sum()
     assert gauge(mc.JOB_RUNNING) == 0
     assert gauge(mc.JOB_ETA_SECONDS) == 0
+    assert gauge(mc.JOB_TRUNCATION_THRESHOLD) == COUNTED_TRUNCATION_RATIO
+    assert gauge(mc.JOB_EXPECTED_REPLICAS) == 2  # run_config's serve.autoscaling.min_replicas
+
+    # The category cap: the one generate actor kept the first CATEGORY_LIMIT categories,
+    # the others are "other"; every completion is still counted exactly once.
+    by_category = {s["metric"]["category"]: float(s["value"][1]) for s in prom.query(
+        f"sum by (category) ({live.sel(mc.COMPLETIONS.prom_name, 'counted')})", at)}
+    assert len(by_category) == CATEGORY_LIMIT + 1 and "other" in by_category, by_category
+    assert set(by_category) - {"other"} < set(data.category)
+    assert sum(by_category.values()) == len(data)
 
     # Job side (counted by the driver from durable rows): never more than the output
     # says, and the fault run's counters exist. Exact equality: the test below.
@@ -503,6 +532,39 @@ def test_counters_match_the_parquet_output(live):
 def test_job_side_counters_match_the_output(live):
     got = {key: _total(live, mc.BY_NAME[key[0]], key[1]) for key in _job_side_expected(live)}
     assert got == {k: float(v) for k, v in _job_side_expected(live).items()}
+
+
+def test_sglang_metrics_arrive_under_sglangs_names_per_replica(live):
+    """The relay + the repo's relabel rule: SGLang's exact series, one per replica."""
+    prom = live.prom
+    names = set(prom.api("label/__name__/values", **{"match[]": '{__name__=~"sglang:.*"}'}))
+    assert mc.SGLANG_SERIES <= names, f"missing: {sorted(mc.SGLANG_SERIES - names)}"
+    assert not prom.api("label/__name__/values", **{"match[]": '{__name__=~"ray_sglang_.*"}'}), \
+        "relayed series left under their Ray name"
+    # Every replica's engine: the counted run went through both replicas of the app.
+    per_replica = prom.query(f'sum by (replica, model_name) (sglang:time_to_first_token_seconds_count'
+                             f'{{application="{APP}"}})', live.t_eval)
+    assert len(per_replica) == 2 and {s["metric"]["model_name"] for s in per_replica} == {MODEL}
+    # The relayed request counter is the engine's own: each replica's total is >= the
+    # requests raygen's counters saw it complete in the counted run.
+    engine_requests = prom.value(f'sum(sglang:num_requests_total{{application="{APP}"}})', live.t_eval)
+    assert engine_requests >= len(live.counted["data"])
+
+
+def test_ray_provisions_raygens_dashboard_next_to_its_own(ray_cluster):
+    """The ray_cluster fixture starts Ray with RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR
+    (tests/integration/conftest.py): Ray writes its dashboards into that folder, keeps
+    raygen's, and points its Grafana provisioning at it (see dashboards/README.md)."""
+    folder = Path(os.environ["RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR"])
+    provisioning = _session_dir() / "metrics" / "grafana" / "provisioning" / "dashboards" / "default.yml"
+    rays = {"default_grafana_dashboard.json", "data_grafana_dashboard.json"}
+    # The dashboard process writes them when its metrics module starts.
+    _wait("Ray's dashboards and provisioning", lambda: provisioning.exists() and rays <= {
+        p.name for p in folder.iterdir()}, 60)
+    assert (folder / build.DASHBOARD_JSON.name).read_text() == build.DASHBOARD_JSON.read_text()
+    provider = yaml.safe_load(provisioning.read_text())
+    (ray_provider,) = provider["providers"]
+    assert ray_provider["options"]["path"] == str(folder)
 
 
 def test_every_catalog_metric_is_exported(live):

@@ -11,13 +11,18 @@ Design decisions:
 - Every sample carries a model_name label, as SGLang's do.
 - sglang:sim_capacity_tok_s is simulator-only: max_decode_tok_s per wall
   second; 0 in zero-latency mode (capacity is unbounded there).
+- RequestMetrics: SGLang's per-request series raygen's dashboard reads. TTFT is
+  exact (end of simulated prefill); inter-token latency is observed once per
+  request as its mean decode interval (SGLang observes each interval);
+  cache_hit_rate is cumulative since start; num_retracted_reqs stays 0 because
+  the simulator never runs out of KV cache.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -66,3 +71,35 @@ def build_registry(model_name: str, stats: Callable[[], SchedulerStats]) -> Coll
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SimulatorCollector(model_name, stats))
     return registry
+
+
+# SGLang's default bucket edges are finer; these cover the simulator's range.
+LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class RequestMetrics:
+    """Per-request SGLang series (names and model_name label as SGLang's)."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry) -> None:
+        self._labels = {"model_name": model_name}
+
+        def make(cls, name: str, doc: str, **kw):
+            return cls(name, doc, ["model_name"], registry=registry, **kw).labels(**self._labels)
+
+        self.ttft = make(Histogram, "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         buckets=LATENCY_BUCKETS_S)
+        self.itl = make(Histogram, "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                        buckets=LATENCY_BUCKETS_S)
+        self.cache_hit_rate = make(Gauge, "sglang:cache_hit_rate", "The prefix cache hit rate.")
+        self.retracted = make(Gauge, "sglang:num_retracted_reqs", "The number of retracted requests.")
+        self.retracted.set(0)
+        self._input = self._cached = 0
+
+    def observe(self, arrival: float, first_token_at: float, done: float, input_tokens: int, cached_tokens: int,
+                output_tokens: int) -> None:
+        self.ttft.observe(max(first_token_at - arrival, 0.0))
+        if output_tokens > 1:
+            self.itl.observe(max(done - first_token_at, 0.0) / (output_tokens - 1))
+        self._input += input_tokens
+        self._cached += cached_tokens
+        self.cache_hit_rate.set(self._cached / self._input if self._input else 0.0)

@@ -43,6 +43,7 @@ class _Job:
     future: asyncio.Future = field(repr=False)
     decoded: float = 0.0
     reported: int = 0  # decoded tokens already added to the integer counter
+    first_token_at: float | None = None  # wall (monotonic) time prefill ended: TTFT for /metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +92,10 @@ class Scheduler:
     # ---- public ---------------------------------------------------------
     async def run(
         self, prompt_tokens: int, compute_tokens: int, completion_tokens: int, *, slow_factor: float = 1.0, verify_steps: int = 0
-    ) -> None:
-        """Wait (in wall time) until the request has been scheduled, prefilled and decoded."""
+    ) -> float:
+        """Wait (in wall time) until the request has been scheduled, prefilled and decoded.
+
+        Returns the wall (monotonic) time its first token was ready (end of prefill)."""
         loop = asyncio.get_running_loop()
         if self.time_scale == 0:
             self._advance(time.monotonic())
@@ -100,7 +103,7 @@ class Scheduler:
             self._gen_cum += completion_tokens
             self._record_sample(time.monotonic())
             self._complete_counts(completion_tokens, verify_steps)
-            return
+            return time.monotonic()
         job = _Job(prompt_tokens, compute_tokens / self.prefill_tok_s, completion_tokens, slow_factor, verify_steps, loop.create_future())
         self._advance(time.monotonic())
         self._queue.append(job)
@@ -110,6 +113,7 @@ class Scheduler:
         except asyncio.CancelledError:
             self._drop(job)
             raise
+        return job.first_token_at if job.first_token_at is not None else time.monotonic()
 
     def stats(self) -> SchedulerStats:
         now = time.monotonic()
@@ -173,6 +177,7 @@ class Scheduler:
                     job.prefill_left_s -= d
                     continue
                 d -= job.prefill_left_s
+                job.first_token_at = last + job.prefill_left_s * self.time_scale
                 job.prefill_left_s = 0.0
             inc = min(job.total_tokens - job.decoded, rate / job.slow_factor * d)
             job.decoded += inc
@@ -206,6 +211,8 @@ class Scheduler:
             if job.future.done():  # cancelled while queued
                 continue
             self.prompt_tokens_total += job.prompt_tokens
+            if job.prefill_left_s <= 0:  # fully cached prompt: decoding starts at admission
+                job.first_token_at = time.monotonic()
             self._running.append(job)
 
     def _next_completion_wall_s(self) -> float | None:

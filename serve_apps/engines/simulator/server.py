@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from serve_apps.engines.simulator import model
 from serve_apps.engines.simulator import tokenizer as tk
-from serve_apps.engines.simulator.metrics import build_registry
+from serve_apps.engines.simulator.metrics import RequestMetrics, build_registry
 from serve_apps.engines.simulator.prefix_cache import PrefixCache
 from serve_apps.engines.simulator.protocol import (
     ContractError,
@@ -79,6 +79,7 @@ class Simulator:
         )
         self.cache = PrefixCache(settings.context_length * settings.max_running_requests)
         self.registry = build_registry(settings.model_name, self.scheduler.stats)
+        self.request_metrics = RequestMetrics(settings.model_name, self.registry)
         self.rng = random.Random(settings.seed)
         self.received_for_crash = 0
         self.started_at = time.monotonic()
@@ -123,13 +124,14 @@ class Simulator:
         cached = self.cache.match(req.input_ids)
         self.cache.insert(req.input_ids)
         spec = model.spec_fields(n_out, gen.plan.accept_length, self.settings.speculative_num_draft_tokens)
-        await self.scheduler.run(
+        first_token_at = await self.scheduler.run(
             n_in,
             n_in - cached,
             n_out,
             slow_factor=self.settings.slow_factor if slow else 1.0,
             verify_steps=int(spec.get("spec_verify_ct", 0)),
         )
+        self.request_metrics.observe(arrival, first_token_at, time.monotonic(), n_in, cached, n_out)
         self.cache.insert(req.input_ids + gen.output_ids)  # finished requests leave prompt+output cached
         # The keys (and order) of TokenizerManager's meta_info for a finished request.
         meta: dict[str, Any] = {

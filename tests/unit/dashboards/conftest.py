@@ -21,6 +21,7 @@ PROM_CONFIG = REPO / "cluster" / "prometheus" / "prometheus.yml"
 
 _METRIC_RE = re.compile(r"(?<![\w:])(ray_raygen_\w+)")
 _RECORD_RE = re.compile(r"(?<![\w:])(raygen:\w+:\w+)")
+_SGLANG_RE = re.compile(r"(?<![\w:])(sglang:\w+)")
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +47,10 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
 
 def metric_names(exprs: Iterable[str]) -> Set[str]:
     return {m for e in exprs for m in _METRIC_RE.findall(e)}
+
+
+def sglang_names(exprs: Iterable[str]) -> Set[str]:
+    return {m for e in exprs for m in _SGLANG_RE.findall(e)}
 
 
 def record_names(exprs: Iterable[str]) -> Set[str]:

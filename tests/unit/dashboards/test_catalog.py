@@ -30,8 +30,7 @@ def test_exported_names_follow_ray_conventions():
     assert mc.OUTPUT_TOKENS.prom_name == "ray_raygen_output_tokens_total"
     assert mc.ACCEPT_LENGTH.series_names == (
         "ray_raygen_accept_length_bucket", "ray_raygen_accept_length_sum", "ray_raygen_accept_length_count")
-    # A gauge keeps its name even when it ends in _total.
-    assert mc.JOB_ROWS_TOTAL.prom_name == "ray_raygen_job_rows_total"
+    assert mc.REQUEST_LATENCY.series_names[0] == "ray_raygen_request_latency_seconds_bucket"
     assert "completions" in mc.COMPLETIONS.name and "finish_reason" in mc.COMPLETIONS.labels
 
 
@@ -75,3 +74,21 @@ def test_emitters_use_only_catalog_names_and_types():
     unknown = sorted(f"{p}: {n}" for n, p in seen if n not in mc.BY_NAME)
     assert not unknown, f"metric names not in dashboards/metrics_catalog.py: {unknown}"
     assert not mismatched, mismatched
+
+
+def test_names_follow_prometheus_conventions():
+    """Base units (_seconds), _total only on counters (Ray appends it), _ratio for 0..1
+    fractions, no rate units in names (tok/s is a query, not a metric)."""
+    for m in mc.CATALOG:
+        assert not m.name.endswith("_total"), f"{m.name}: only counters end in _total (Ray adds it)"
+        assert not re.search(r"(_s|_ms|tok_s|_per_second)(_|$)", m.name), f"{m.name}: not a base unit"
+        if re.search(r"latency|eta|timestamp|duration", m.name):
+            assert m.name.endswith("_seconds"), m.name
+        if "0..1" in m.description:
+            assert m.name.endswith("_ratio"), m.name
+
+
+def test_relay_names_map_back_to_sglangs_names():
+    assert mc.relay_name("sglang:time_to_first_token_seconds_bucket") == "sglang_time_to_first_token_seconds_bucket"
+    # Every Ray export of a relayed name, ray_sglang_<x>, is renamed by the scrape config to sglang:<x>.
+    assert all(s.startswith(mc.SGLANG_PREFIX) for s in mc.SGLANG_SERIES)

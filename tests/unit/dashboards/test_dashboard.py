@@ -10,7 +10,7 @@ import yaml
 from dashboards import alerts, build, grafana, panels, thresholds
 from dashboards import metrics_catalog as mc
 
-from .conftest import DASHBOARD_JSON, assert_ok, metric_names, record_names, run_promtool
+from .conftest import DASHBOARD_JSON, assert_ok, metric_names, record_names, run_promtool, sglang_names
 
 DS_UID = "${datasource}"
 
@@ -70,6 +70,8 @@ def test_queries_use_only_catalog_metrics_and_no_recording_rules(dash):
     var_queries = [v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
     unknown = metric_names(_exprs(dash) + var_queries) - mc.SERIES_NAMES
     assert not unknown, f"metrics not in metrics_catalog: {unknown}"
+    unknown = sglang_names(_exprs(dash)) - mc.SGLANG_SERIES
+    assert not unknown, f"SGLang series not listed in metrics_catalog.SGLANG_SERIES: {unknown}"
     # The dashboard must work on any Prometheus scraping Ray, rules loaded or not.
     assert not record_names(_exprs(dash))
 
@@ -78,16 +80,18 @@ def test_required_panels_exist(dash):
     used = metric_names(_exprs(dash))
     for m in mc.CATALOG:
         assert set(m.series_names) & used, f"no panel shows {m.prom_name}"
+    # SGLang's own signals the issue asks for: TTFT, inter-token latency, cache hit rate, retractions.
+    assert sglang_names(_exprs(dash)) == mc.SGLANG_SERIES
 
 
-def test_truncation_panel_draws_the_alert_threshold(dash):
+def test_truncation_panel_draws_the_runs_own_threshold(dash):
     _, keys = panels.build()
     p = next(p for p in dash["panels"] if p["id"] == keys["truncated_fraction"])
-    steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
-    assert steps[-1]["value"] == thresholds.TRUNCATION_FRACTION_MAX
-    assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "line"
-    assert f"[{thresholds.TRUNCATION_WINDOW}]" in p["targets"][0]["expr"]
-    assert 'finish_reason="length"' in p["targets"][0]["expr"]
+    exprs = [t["expr"] for t in p["targets"]]
+    assert f"[{thresholds.TRUNCATION_WINDOW}]" in exprs[0] and 'finish_reason="length"' in exprs[0]
+    # The whole-run fraction the alert reads, and the run's threshold gauge as a line.
+    assert mc.JOB_ROWS_TRUNCATED.prom_name in exprs[1]
+    assert any(mc.JOB_TRUNCATION_THRESHOLD.prom_name in e for e in exprs[2:])
 
 
 def test_every_alert_links_to_a_panel():

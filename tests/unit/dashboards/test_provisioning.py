@@ -49,14 +49,14 @@ def test_dashboard_provider_points_at_a_folder_via_env():
     assert DASHBOARD_JSON.parent.name == "grafana" and DASHBOARD_JSON.exists()
 
 
-def test_truncation_alert_is_provisioned_with_the_shared_threshold():
+def test_truncation_alert_is_provisioned_against_the_runs_threshold():
     rules = {r["title"]: r for r in _grafana_rules()}
     r = rules["RaygenTruncationHigh"]
     cond = next(d for d in r["data"] if d["refId"] == r["condition"])["model"]
     assert cond["type"] == "threshold"
-    assert cond["conditions"][0]["evaluator"] == {"type": "gt", "params": [thresholds.TRUNCATION_FRACTION_MAX]}
-    assert r["for"] == thresholds.TRUNCATION_FOR
-    assert 'finish_reason="length"' in r["data"][0]["model"]["expr"]
+    assert cond["conditions"][0]["evaluator"] == {"type": "gt", "params": [1]}
+    assert r["for"] == thresholds.TRUNCATION_FOR and r["labels"]["severity"] == "warning"
+    assert mc.JOB_TRUNCATION_THRESHOLD.prom_name in r["data"][0]["model"]["expr"]
 
 
 def test_grafana_rules_are_complete_and_consistent():
@@ -77,7 +77,7 @@ def test_grafana_rules_are_complete_and_consistent():
         assert r["labels"]["severity"] in ("critical", "warning")
         # Grafana env-expands label values: a stray "$" would be silently replaced.
         assert not any("$" in v for v in r["labels"].values())
-        for key in ("summary", "description", "runbook"):
+        for key in ("summary", "description", "runbook_url"):
             assert r["annotations"].get(key), (r["title"], key)
         # Grafana's $value is a debug string; templates must use $values.<refId>.
         assert "$value " not in r["annotations"]["description"] and "$value|" not in r["annotations"]["description"]

@@ -72,19 +72,26 @@ def test_quiet_cases_are_not_vacuous():
             assert fed & wanted, f"{name}: quiet case in {group.get('name')!r} has no input for {sorted(wanted)}"
 
 
-def test_every_alert_has_severity_and_annotations():
-    readme = (DASH / "README.md").read_text()
-    anchors = {h.strip().lower() for h in re.findall(r"^#{2,4} (\S+)\s*$", readme, flags=re.M)}
+def runbook_anchors() -> set:
+    """GitHub's anchors for the runbook doc's single-word headings (lowercased)."""
+    text = (DASH.parent / alerts.RUNBOOK_DOC).read_text()
+    return {h.strip().lower() for h in re.findall(r"^#{2,4} (\S+)\s*$", text, flags=re.M)}
+
+
+def test_every_alert_has_severity_and_an_absolute_runbook_url_to_an_existing_section():
+    anchors = runbook_anchors()
+    assert alerts.RUNBOOK_BASE_URL.startswith("https://") and alerts.RUNBOOK_BASE_URL.endswith(alerts.RUNBOOK_DOC)
     for rule in all_rules():
         if "alert" not in rule:
             continue
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         ann = rule["annotations"]
-        for key in ("summary", "description", "runbook"):
+        for key in ("summary", "description", "runbook_url"):
             assert ann.get(key, "").strip(), f"{rule['alert']}: missing annotation {key}"
-        path, _, anchor = ann["runbook"].partition("#")
-        assert path == "dashboards/README.md" and anchor in anchors, (
-            f"{rule['alert']}: runbook {ann['runbook']!r} has no matching README section")
+        base, _, anchor = ann["runbook_url"].partition("#")
+        assert base == alerts.RUNBOOK_BASE_URL, ann["runbook_url"]
+        assert anchor == rule["alert"].lower() and anchor in anchors, (
+            f"{rule['alert']}: runbook_url {ann['runbook_url']!r} has no matching section in {alerts.RUNBOOK_DOC}")
 
 
 def test_rules_reference_only_catalog_metrics_and_defined_records():
@@ -95,8 +102,17 @@ def test_rules_reference_only_catalog_metrics_and_defined_records():
     assert record_names(exprs) <= defined
 
 
-def test_truncation_threshold_comes_from_the_shared_constant():
+def test_truncation_alert_compares_against_the_runs_threshold_gauge_as_a_warning():
     rule = next(r for r in all_rules() if r.get("alert") == "RaygenTruncationHigh")
-    assert rule["expr"].endswith(f"> {thresholds.TRUNCATION_FRACTION_MAX:g}")
+    assert mc.JOB_TRUNCATION_THRESHOLD.prom_name in rule["expr"] and rule["expr"].endswith("> 1")
+    assert rule["labels"]["severity"] == "warning"
     assert rule["for"] == thresholds.TRUNCATION_FOR
-    assert f"[{thresholds.TRUNCATION_WINDOW}]" in alerts.RECORDING_RULES[alerts.TRUNC]
+    assert rule["keep_firing_for"] == thresholds.TRUNCATION_KEEP_FIRING_FOR
+
+
+def test_throughput_drop_and_replicas_below_expected_are_warnings():
+    rules = {r["alert"]: r for r in all_rules() if "alert" in r}
+    assert rules["RaygenThroughputDrop"]["labels"]["severity"] == "warning"
+    replicas = rules["RaygenReplicasBelowExpected"]
+    assert replicas["labels"]["severity"] == "warning"
+    assert mc.JOB_EXPECTED_REPLICAS.prom_name in replicas["expr"] and mc.ENGINE_UP.prom_name in replicas["expr"]

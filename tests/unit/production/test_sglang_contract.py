@@ -33,7 +33,7 @@ from jobs.config import SamplingConfig, load_config
 from serve_apps.config import EngineConfig, SpeculativeConfig
 from serve_apps.engine_client import EngineClient, parse_meta
 from serve_apps.engines.sglang import build_command
-from serve_apps.replica_metrics import ENGINE_GAUGES
+from dashboards.metrics_catalog import SGLANG_SERIES
 from tests.unit.production.conftest import REPO, ParseError
 
 FIXTURES = REPO / "tests" / "fixtures" / "sglang"
@@ -321,7 +321,8 @@ def test_tokenize_request_and_response_shape(sglang):
     assert "tokens" in fields["TokenizeResponse"]
 
 
-def test_relayed_engine_gauges_exist(sglang):
+def test_sglang_series_on_raygens_dashboard_exist(sglang):
     source = (sglang.srt / "observability" / "metrics_collector.py").read_text()
     names = set(re.findall(r'name="(sglang:[a-z_]+)"', source))
-    assert set(ENGINE_GAUGES) <= names, set(ENGINE_GAUGES) - names
+    families = {s.removesuffix("_bucket") for s in SGLANG_SERIES}  # histograms: family name
+    assert families <= names, families - names

@@ -57,6 +57,15 @@ def test_latency_follows_decode_speed_and_prefill(sim_factory):
     # Same prompt again: its prefix is cached, so prefill is shorter and cached_tokens reported.
     status, body = sim.call("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 10}})
     assert body["meta_info"]["cached_tokens"] == 992  # whole 16-token blocks of the 1000-token prompt
+    # SGLang's per-request series (relayed by raygen's replicas to its dashboard).
+    m = sim.metrics()
+    assert m["sglang:time_to_first_token_seconds_count" + LABEL] == 2
+    assert m["sglang:inter_token_latency_seconds_count" + LABEL] == 2
+    # First request: 1 sim s of prefill = 5 ms wall; decode 20 sim s = 0.1 s over 1999 intervals.
+    assert m["sglang:time_to_first_token_seconds_sum" + LABEL] >= 0.005 - 1e-4
+    assert m["sglang:inter_token_latency_seconds_sum" + LABEL] >= 0.1 / 1999 - 1e-6
+    assert m["sglang:cache_hit_rate" + LABEL] == pytest.approx(992 / 2000)
+    assert m["sglang:num_retracted_reqs" + LABEL] == 0
 
 
 def test_zero_latency_mode_is_fast(sim_fast):
