@@ -146,11 +146,17 @@ class PriorRun:
            reject_ids: Iterable[str]) -> "PriorRun":
         """done: key -> prompt_hash (None when the row predates prompt hashes)."""
         keys = list(done)
-        d = digests_of(keys)
-        p = digests_of(done[k] for k in keys)
-        order = np.argsort(d, kind="stable")
-        f = np.unique(digests_of(k for k in set(failed) if k not in done))
-        return cls(d[order], p[order], f, set(reject_ids))
+        return cls.from_columns(keys, [done[k] for k in keys], failed, reject_ids)
+
+    @classmethod
+    def from_columns(cls, keys: Iterable[str], prompt_hashes: Iterable[Optional[str]],
+                     failed: Iterable[str], reject_ids: Iterable[str]) -> "PriorRun":
+        """From data/ columns (a key may repeat, one row per version), failures/ keys."""
+        d, p = digests_of(keys), digests_of(prompt_hashes)
+        done, first = np.unique(d, return_index=True)
+        f = np.unique(digests_of(failed))
+        f = f[~sorted_contains(done, f)[0]]  # failed once, done since: not open
+        return cls(done, p[first], f, set(reject_ids))
 
 
 @dataclass

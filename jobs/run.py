@@ -46,12 +46,20 @@ class RunState:
         for sh, hist in zip(data.column("settings_hash").to_pylist(),
                             data.column("budget_history").to_pylist()):
             budgets[(sh, hist[0])] = budgets.get((sh, hist[0]), 0) + 1
-        done = dict(zip(data.column("key").to_pylist(), data.column("prompt_hash").to_pylist()))
         rej = read_columns(store, "rejects", ["source", "line", "reject_id"])
         reject_ids = [i or f"{s}:{n}" for i, s, n in zip(*(rej.column(c).to_pylist() for c in (
             "reject_id", "source", "line")))]
-        failed = read_columns(store, "failures", ["key"]).column("key").to_pylist()
-        return cls(prior=PriorRun.of(done, failed, reject_ids), first_budgets=budgets)
+        failed = read_columns(store, "failures", ["key"]).column("key")
+        prior = PriorRun.from_columns(_values(data.column("key")),
+                                      _values(data.column("prompt_hash")),
+                                      _values(failed), reject_ids)
+        return cls(prior=prior, first_budgets=budgets)
+
+
+def _values(column: pa.ChunkedArray):
+    """A column's values one chunk at a time (no list of every key at once)."""
+    for chunk in column.chunks:
+        yield from chunk.to_pylist()
 
 
 def read_columns(store: RunStore, kind: str, columns: list[str]) -> pa.Table:
