@@ -40,6 +40,7 @@ logger = logging.getLogger("raygen")
 CHUNK_ROWS = 16384          # rows checked against the seen keys at a time
 REJECT_PART_ROWS = 2000     # rejects per part file the driver writes
 EXAMPLES = 5
+RAW_KEPT = 2000             # characters of a rejected line kept in rejects/
 
 
 def key_digest(key: str) -> int:
@@ -179,7 +180,7 @@ def reject_record(source: str, line: int, raw: str, reason: str, reject_id: str,
                   key: Optional[str] = None, row_id: Optional[str] = None) -> dict[str, Any]:
     from jobs.rows import now
     return {"source": source, "line": line, "key": key, "id": row_id, "reason": reason,
-            "raw": raw[:2000], "reject_id": reject_id, "rejected_at": now()}
+            "raw": raw[:RAW_KEPT], "reject_id": reject_id, "rejected_at": now()}
 
 
 def _content_id(prefix: str, text: str, rank: int) -> str:
@@ -219,8 +220,9 @@ class _Pass:
             self.reject(reject_record(source, line, raw, str(exc),
                                       f"raw:{rid}#{self.invalid_ranks[rid]}"))
             return
+        # raw kept only as far as a reject stores it: a chunk of long prompts stays small
         self.chunk.append((ordinal, parsed["key"], parsed["id"], parsed["prompt_hash"],
-                           line, raw))
+                           line, raw[:RAW_KEPT]))
         if len(self.chunk) >= CHUNK_ROWS:
             self.flush()
 
