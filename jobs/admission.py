@@ -266,8 +266,8 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
                  limit: Optional[int] = None) -> Admission:
     """The driver's one pass: validate, fingerprint, dedupe and decide every row.
 
-    New rejects go to ``write_rejects`` in parts as the pass finds them (memory stays
-    flat however many lines are bad)."""
+    New rejects go to ``write_rejects`` in parts of at most REJECT_PART_ROWS as the
+    pass finds them (each line cut to RAW_KEPT characters)."""
     uris = [loc.uri for loc in inputs]
     state = _Pass(prior, uris, write_rejects)
     total, prints = 0, []

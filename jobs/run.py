@@ -195,25 +195,34 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         return _execute(cfg, store, total, stop_exc,
                         lambda: continuation.build(cfg, store, wanted, target), cleanup=None)
     check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name)
-    admission = admit(cfg, store, inputs, state, retry_failed)
+    from jobs.admission import reject_writer
+    reject_parts: list[list[dict[str, Any]]] = []
+    admission = admit(cfg, store, inputs, state, retry_failed, reject_parts.append)
     _init_ray(stop_exc)
     deploy_or_attach(cfg.engine, cfg.serve)
     table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
-    return _execute(cfg, store, admission.total, stop_exc,
-                    lambda: pipeline.build(cfg, inputs, table, store.uri), cleanup=None)
+
+    def build():
+        # The new rejects are written once progress has taken its first look, so the
+        # job's reject counter counts them as this session's, as it did when the
+        # stream wrote them.
+        write = reject_writer(store)
+        for part in reject_parts:
+            write(part)
+        return pipeline.build(cfg, inputs, table, store.uri)
+    return _execute(cfg, store, admission.total, stop_exc, build, cleanup=None)
 
 
 def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,
-          retry_failed: bool) -> "Admission":
+          retry_failed: bool, write_rejects: Callable) -> "Admission":
     """The driver's admission pass (jobs/admission.py); records the input fingerprints
     in <run>/inputs.json and says what changed since the last session."""
     import time
 
-    from jobs.admission import admit_inputs, describe_changes, reject_writer
+    from jobs.admission import admit_inputs, describe_changes
     from jobs.storage import write_json_atomic
     started = time.monotonic()
-    admission = admit_inputs(inputs, state.prior, retry_failed, reject_writer(store),
-                             cfg.job.limit)
+    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit)
     for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
         logger.warning("%s", line)
     write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
