@@ -40,6 +40,7 @@ logger = logging.getLogger("raygen")
 CHUNK_ROWS = 16384          # rows checked against the seen keys at a time
 REJECT_PART_ROWS = 2000     # rejects per part file the driver writes
 EXAMPLES = 5
+RAW_KEPT = 2000             # characters of a rejected line kept in rejects/
 
 
 def key_digest(key: str) -> int:
@@ -146,11 +147,17 @@ class PriorRun:
            reject_ids: Iterable[str]) -> "PriorRun":
         """done: key -> prompt_hash (None when the row predates prompt hashes)."""
         keys = list(done)
-        d = digests_of(keys)
-        p = digests_of(done[k] for k in keys)
-        order = np.argsort(d, kind="stable")
-        f = np.unique(digests_of(k for k in set(failed) if k not in done))
-        return cls(d[order], p[order], f, set(reject_ids))
+        return cls.from_columns(keys, [done[k] for k in keys], failed, reject_ids)
+
+    @classmethod
+    def from_columns(cls, keys: Iterable[str], prompt_hashes: Iterable[Optional[str]],
+                     failed: Iterable[str], reject_ids: Iterable[str]) -> "PriorRun":
+        """From data/ columns (a key may repeat, one row per version), failures/ keys."""
+        d, p = digests_of(keys), digests_of(prompt_hashes)
+        done, first = np.unique(d, return_index=True)
+        f = np.unique(digests_of(failed))
+        f = f[~sorted_contains(done, f)[0]]  # failed once, done since: not open
+        return cls(done, p[first], f, set(reject_ids))
 
 
 @dataclass
@@ -173,7 +180,7 @@ def reject_record(source: str, line: int, raw: str, reason: str, reject_id: str,
                   key: Optional[str] = None, row_id: Optional[str] = None) -> dict[str, Any]:
     from jobs.rows import now
     return {"source": source, "line": line, "key": key, "id": row_id, "reason": reason,
-            "raw": raw[:2000], "reject_id": reject_id, "rejected_at": now()}
+            "raw": raw[:RAW_KEPT], "reject_id": reject_id, "rejected_at": now()}
 
 
 def _content_id(prefix: str, text: str, rank: int) -> str:
@@ -213,8 +220,9 @@ class _Pass:
             self.reject(reject_record(source, line, raw, str(exc),
                                       f"raw:{rid}#{self.invalid_ranks[rid]}"))
             return
+        # raw kept only as far as a reject stores it: a chunk of long prompts stays small
         self.chunk.append((ordinal, parsed["key"], parsed["id"], parsed["prompt_hash"],
-                           line, raw))
+                           line, raw[:RAW_KEPT]))
         if len(self.chunk) >= CHUNK_ROWS:
             self.flush()
 
@@ -258,8 +266,8 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
                  limit: Optional[int] = None) -> Admission:
     """The driver's one pass: validate, fingerprint, dedupe and decide every row.
 
-    New rejects go to ``write_rejects`` in parts as the pass finds them (memory stays
-    flat however many lines are bad)."""
+    New rejects go to ``write_rejects`` in parts of at most REJECT_PART_ROWS as the
+    pass finds them (each line cut to RAW_KEPT characters)."""
     uris = [loc.uri for loc in inputs]
     state = _Pass(prior, uris, write_rejects)
     total, prints = 0, []

@@ -46,12 +46,20 @@ class RunState:
         for sh, hist in zip(data.column("settings_hash").to_pylist(),
                             data.column("budget_history").to_pylist()):
             budgets[(sh, hist[0])] = budgets.get((sh, hist[0]), 0) + 1
-        done = dict(zip(data.column("key").to_pylist(), data.column("prompt_hash").to_pylist()))
         rej = read_columns(store, "rejects", ["source", "line", "reject_id"])
         reject_ids = [i or f"{s}:{n}" for i, s, n in zip(*(rej.column(c).to_pylist() for c in (
             "reject_id", "source", "line")))]
-        failed = read_columns(store, "failures", ["key"]).column("key").to_pylist()
-        return cls(prior=PriorRun.of(done, failed, reject_ids), first_budgets=budgets)
+        failed = read_columns(store, "failures", ["key"]).column("key")
+        prior = PriorRun.from_columns(_values(data.column("key")),
+                                      _values(data.column("prompt_hash")),
+                                      _values(failed), reject_ids)
+        return cls(prior=prior, first_budgets=budgets)
+
+
+def _values(column: pa.ChunkedArray):
+    """A column's values one chunk at a time (no list of every key at once)."""
+    for chunk in column.chunks:
+        yield from chunk.to_pylist()
 
 
 def read_columns(store: RunStore, kind: str, columns: list[str]) -> pa.Table:
@@ -213,6 +221,7 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
     import ray
 
     from jobs import continuation, pipeline
+    from jobs.admission import reject_writer
     from jobs.sources import count_rows
     from serve_apps.app import deploy_or_attach
 
@@ -236,7 +245,8 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         else:
             check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens,
                            cfg.job.run_name, ctx["legacy_settings_hash"])
-            admission = admit(cfg, store, inputs, state, retry_failed)
+            reject_parts: list[list[dict[str, Any]]] = []
+            admission = admit(cfg, store, inputs, state, retry_failed, reject_parts.append)
             total = admission.total
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
@@ -245,7 +255,15 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
             build = lambda: continuation.build(cfg, store, wanted, target)  # noqa: E731
         else:
             table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
-            build = lambda: pipeline.build(cfg, inputs, table, store.uri)  # noqa: E731
+
+            def build():
+                # The new rejects are written once progress has taken its first look, so
+                # the job's reject counter counts them as this session's, as it did when
+                # the stream wrote them.
+                write = reject_writer(store)
+                for part in reject_parts:
+                    write(part)
+                return pipeline.build(cfg, inputs, table, store.uri)
         return _execute(cfg, store, total, stop_exc, build, lease=lease,
                         expect_all=not continue_truncated)
     finally:
@@ -253,16 +271,15 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
 
 
 def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,
-          retry_failed: bool) -> "Admission":
+          retry_failed: bool, write_rejects: Callable) -> "Admission":
     """The driver's admission pass (jobs/admission.py); records the input fingerprints
     in <run>/inputs.json and says what changed since the last session."""
     import time
 
-    from jobs.admission import admit_inputs, describe_changes, reject_writer
+    from jobs.admission import admit_inputs, describe_changes
     from jobs.storage import write_json_atomic
     started = time.monotonic()
-    admission = admit_inputs(inputs, state.prior, retry_failed, reject_writer(store),
-                             cfg.job.limit)
+    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit)
     for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
         logger.warning("%s", line)
     write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})

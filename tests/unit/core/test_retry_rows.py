@@ -178,3 +178,15 @@ def test_replica_bug_is_told_from_a_dead_replica():
     assert is_replica_bug(bug) and replica_error_class(bug) == "replica_error"
     assert not is_replica_bug(dead) and replica_error_class(dead) == "replica_unavailable"
     assert not is_replica_bug(ActorDiedError())
+
+
+def test_context_overflow_is_a_failure_that_retry_failed_can_resend():
+    # It used to become a reject (skipped forever by a rerun); now it is a failure row,
+    # which --retry-failed sends again after a context length or policy change.
+    from jobs.rows import failure_row
+    row = {"key": "k", "id": "k", "category": "c", "messages": "[]", "tools": None,
+           "source": "p.jsonl", "line": 3}
+    out = failure_row(row, "context_overflow", "prompt 9000 + budget 8192 > 16384", False, 1,
+                      {"settings_hash": "h"})
+    assert out["_kind"] == "failures" and out["error_class"] == "context_overflow"
+    assert (out["source"], out["line"]) == ("p.jsonl", 3)
