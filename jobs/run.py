@@ -40,16 +40,16 @@ class RunState:
     @classmethod
     def read(cls, store: RunStore) -> "RunState":
         from jobs.admission import PriorRun
-        data = read_columns(store, "data", ["key", "settings_hash", "budget_history",
+        data = store.read_kind("data", ["key", "settings_hash", "budget_history",
                                             "prompt_hash"])
         budgets: dict[tuple[str, int], int] = {}
         for sh, hist in zip(data.column("settings_hash").to_pylist(),
                             data.column("budget_history").to_pylist()):
             budgets[(sh, hist[0])] = budgets.get((sh, hist[0]), 0) + 1
-        rej = read_columns(store, "rejects", ["source", "line", "reject_id"])
+        rej = store.read_kind("rejects", ["source", "line", "reject_id"])
         reject_ids = [i or f"{s}:{n}" for i, s, n in zip(*(rej.column(c).to_pylist() for c in (
             "reject_id", "source", "line")))]
-        failed = read_columns(store, "failures", ["key"]).column("key")
+        failed = store.read_kind("failures", ["key"]).column("key")
         prior = PriorRun.from_columns(_values(data.column("key")),
                                       _values(data.column("prompt_hash")),
                                       _values(failed), reject_ids)
@@ -60,25 +60,6 @@ def _values(column: pa.ChunkedArray):
     """A column's values one chunk at a time (no list of every key at once)."""
     for chunk in column.chunks:
         yield from chunk.to_pylist()
-
-
-def read_columns(store: RunStore, kind: str, columns: list[str]) -> pa.Table:
-    """Some columns of every part of a kind; a column a part predates reads as nulls."""
-    import pyarrow.parquet as pq
-
-    from jobs.schema import KINDS
-    schema = pa.schema([KINDS[kind].field(c) for c in columns])
-    tables = []
-    for path in store.part_paths(kind):
-        with store.root.fs.open_input_file(path) as f:
-            pf = pq.ParquetFile(f)
-            have = [c for c in columns if c in pf.schema_arrow.names]
-            t = pf.read(columns=have)
-        for c in columns:
-            if c not in have:
-                t = t.append_column(schema.field(c), pa.nulls(t.num_rows, schema.field(c).type))
-        tables.append(t.select(columns).cast(schema))
-    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def check_settings(state: RunState, settings_hash: str, budget: int, run: str,

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.config import StorageConfig
-from jobs.schema import KINDS
+from jobs.schema import KINDS, LATER_COLUMNS
 from jobs.storage import (Location, is_local, list_files, locate, put_verified, read_bytes,
                           write_json_atomic)
 
@@ -120,14 +120,18 @@ class RunStore:
             pf = pq.ParquetFile(f)
             wanted = columns or (schema.names if schema else pf.schema_arrow.names)
             missing = [c for c in wanted if c not in pf.schema_arrow.names]
-            if missing:
+            if set(missing) - LATER_COLUMNS:
                 raise DamagedPart(f"wrong schema: no column(s) {', '.join(missing)}")
-            table = pf.read(columns=wanted)
+            table = pf.read(columns=[c for c in wanted if c not in missing])
             if table.num_rows != pf.metadata.num_rows:
                 raise DamagedPart(f"read {table.num_rows} rows, footer says "
                                   f"{pf.metadata.num_rows}")
         if schema is None:
             return table
+        for c in missing:  # written before the column existed: nulls, in schema order
+            table = table.append_column(schema.field(c), pa.nulls(table.num_rows,
+                                                                  schema.field(c).type))
+        table = table.select(wanted)
         try:
             return table.cast(pa.schema([schema.field(c) for c in wanted]))
         except _DAMAGE as exc:

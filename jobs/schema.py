@@ -66,6 +66,9 @@ REJECTS = pa.schema([
 ])
 
 KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
+# Columns added after runs were first written: a part that predates one reads it as
+# nulls (jobs/run_store.py); any other missing column makes the part damaged.
+LATER_COLUMNS = frozenset({"prompt_hash", "reject_id"})
 
 # What flows from the generate stage to the sink: every column of every kind plus the
 # row's destination.

@@ -220,6 +220,7 @@ class PoisonHandle(StreamingHandle):
 def _generate_rows(handle):
     from jobs.generate_stage import GenerateRows
     rows = GenerateRows.__new__(GenerateRows)  # its __init__ looks up a real Serve handle
+    rows.category_label = str
     rows.ctx = {"run": "r", "max_new_tokens": 16, "sampling": {}, "context_policy": "reject",
                 "model": "m", "sampling_json": "{}", "settings_hash": "h"}
     rows.sender = RowSender(handle, inflight_rows=8, rows_per_call=8, linger_s=0.05)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from jobs.admission import key_digest
 from jobs.config import StorageConfig
-from jobs.run import RunState, read_columns
+from jobs.run import RunState
 from jobs.run_store import RunStore
 from jobs.schema import DATA, FAILURES, REJECTS
 
@@ -53,9 +53,11 @@ def test_state_from_old_and_new_parts(tmp_path):
     assert prior.reject_ids == {"p.jsonl:3", "raw:z#1"}
     assert state.first_budgets == {("h", 64): 3}
     assert np.all(prior.done[1:] > prior.done[:-1])  # sorted, unique
+    assert not store.part_paths("quarantine")  # a later column's absence is not damage
+    assert len(store.part_paths("data")) == 2
 
 
-def test_read_columns_of_an_empty_kind(tmp_path):
+def test_read_kind_of_an_empty_kind(tmp_path):
     store = RunStore(str(tmp_path / "run"), StorageConfig())
-    table = read_columns(store, "data", ["key", "prompt_hash"])
+    table = store.read_kind("data", ["key", "prompt_hash"])
     assert table.num_rows == 0 and table.column_names == ["key", "prompt_hash"]
