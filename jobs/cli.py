@@ -27,6 +27,7 @@ COMMANDS = {  # name: (one-line help, examples)
                  ["raygen generate --config jobs/configs/demo.yaml",
                   "raygen generate --config FILE --set job.max_new_tokens=8192",
                   "raygen generate --config FILE --retry-failed",
+                  "raygen generate --config FILE --dry-run",
                   "raygen generate --config FILE --pilot 500 --set job.max_new_tokens=16384"]),
     "continue": ("continue truncated rows token-exactly up to a larger total budget",
                  ["raygen continue --config FILE --max-total-tokens 8192"]),
@@ -96,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "nothing)")
     mode.add_argument("--pilot", type=int, metavar="N",
                       help="run ~N prompts as <run>-pilot and report the what-if per cap")
+    gen.add_argument("--dry-run", action="store_true",
+                     help="check config and input, print what would run; deploys and writes "
+                          "nothing (plain or with --retry-failed)")
 
     cont = _subparser(subs, "continue")
     _job_args(cont)
@@ -146,6 +150,8 @@ def _generate(args: argparse.Namespace) -> int:
         argv.append("--check-context")
     if args.pilot is not None:
         argv += ["--pilot", str(args.pilot)]
+    if args.dry_run:
+        argv.append("--dry-run")  # jobs.generate refuses it with --check-context/--pilot
     return generate.main(argv)
 
 

@@ -98,6 +98,10 @@ class JobConfig(StrictModel):
     max_batches_per_actor: int = Field(
         8, ge=1, description="Concurrent batches per actor (Ray Data max_concurrency).")
     rows_per_file: int = Field(256, ge=1, description="Approximate rows per output file.")
+    max_reject_fraction: float = Field(
+        0.05, ge=0, le=1, description="Stop before any engine is deployed when more than "
+        "this share of the input rows are rejected (invalid or duplicate ids; listed in "
+        "rejects/). 1.0 disables the check.")
     retries: RetryConfig = Field(default_factory=RetryConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     progress_interval_s: float = Field(5.0, gt=0)

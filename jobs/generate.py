@@ -37,7 +37,23 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--pilot", type=int, default=None, metavar="N",
                         help="run ~N prompts stratified by category as <run>-pilot (use a "
                         "high --set job.max_new_tokens) and report the what-if per cap")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate config and input and print what would run (rows, "
+                        "rejects, done, to generate, budget, replicas); deploys and writes "
+                        "nothing; exit 1 if the reject check would stop the run")
     return parser.parse_args(argv)
+
+
+# --dry-run plans a plain or --retry-failed run; these modes deploy engines to plan.
+DRY_RUN_CONFLICTS = ("continue_truncated", "check_context", "pilot", "max_total_tokens")
+
+
+def dry_run_conflict(args: argparse.Namespace) -> Optional[str]:
+    used = [name for name in DRY_RUN_CONFLICTS if getattr(args, name) not in (None, False)]
+    if not args.dry_run or not used:
+        return None
+    return (f"--dry-run cannot be combined with --{used[0].replace('_', '-')}: it plans a "
+            f"plain or --retry-failed run")
 
 
 class Stopped(BaseException):
@@ -55,12 +71,24 @@ def _on_sigterm(*_):
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = parse_args(argv)
+    conflict = dry_run_conflict(args)
+    if conflict:
+        print(f"error: {conflict}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.set)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from jobs.run import RunError, run_job  # heavy imports (ray) only after the config is ok
+    from jobs.run import RunError, dry_run, run_job  # heavy imports only after the config
+    if args.dry_run:
+        try:
+            summary = dry_run(cfg, retry_failed=args.retry_failed)
+        except RunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(summary.text)
+        return 0
     signal.signal(signal.SIGTERM, _on_sigterm)  # until Ray starts; jobs/run.py re-installs
     if args.pilot:
         from jobs.pilot import pilot_config

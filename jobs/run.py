@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.config import RunConfig
+from jobs.preflight import RejectTally, plan_text, reject_problem
 from jobs.run_store import RunStore
 from jobs.storage import Location, locate
 
@@ -227,8 +228,14 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
             check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens,
                            cfg.job.run_name, ctx["legacy_settings_hash"])
             reject_parts: list[list[dict[str, Any]]] = []
-            admission = admit(cfg, store, inputs, state, retry_failed, reject_parts.append)
+            tally = RejectTally()
+
+            def collect(part: list[dict[str, Any]]) -> None:
+                tally.add(part)
+                reject_parts.append(part)
+            admission = admit(cfg, store, inputs, state, retry_failed, collect)
             total = admission.total
+            guard_rejects(cfg, store, admission, tally, reject_parts)
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
         deploy_or_attach(cfg.engine, cfg.serve)
@@ -249,6 +256,51 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
                         expect_all=not continue_truncated)
     finally:
         lease.release()
+
+
+def guard_rejects(cfg: RunConfig, store: RunStore, admission: "Admission", tally: RejectTally,
+                  reject_parts: list[list[dict[str, Any]]]) -> None:
+    """Stop before deploying when job.max_reject_fraction is exceeded: the rejects are
+    written first (the operator reads why in rejects/), progress.json says failed."""
+    from jobs.admission import reject_writer
+    from jobs.progress import ProgressTracker
+    if tally.total < admission.rejects:  # the rest were written by earlier sessions
+        tally.add_known(store)
+    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally)
+    if problem is None:
+        return
+    write = reject_writer(store)
+    for part in reject_parts:
+        write(part)
+    ProgressTracker(store, admission.total, cfg.job.run_name, cfg.engine.model_name,
+                    cfg.job.progress_interval_s).stop("failed")  # one scan, no thread
+    raise RunError(problem)
+
+
+def dry_run(cfg: RunConfig, retry_failed: bool) -> Summary:
+    """Validate config and input and say what would run: no Ray, no lease, no writes."""
+    from jobs.admission import admit_inputs
+    from jobs.rows import output_settings, settings_hash
+    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+    inputs = input_locations(cfg)
+    state = RunState.read(store)
+    sampling = cfg.job.sampling.to_sglang()  # the hashes jobs/pipeline.stage_context makes
+    check_settings(state, settings_hash(cfg.engine.model_name, sampling,
+                                        output_settings=output_settings(
+                                            cfg.engine, cfg.job.context_policy)),
+                   cfg.job.max_new_tokens, cfg.job.run_name,
+                   settings_hash(cfg.engine.model_name, sampling))
+    tally = RejectTally()
+    admission = admit_inputs(inputs, state.prior, retry_failed, tally.add, cfg.job.limit)
+    if tally.total < admission.rejects:
+        tally.add_known(store)
+    text = plan_text(cfg, store, admission, tally, len(state.prior.done),
+                     len(state.prior.failed), retry_failed)
+    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally, dry_run=True)
+    if problem:
+        raise RunError(f"{problem}\n{text}")
+    return Summary("succeeded", {"total": admission.total, "rejected": admission.rejects,
+                                 "to_generate": len(admission.table)}, text)
 
 
 def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,

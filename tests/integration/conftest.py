@@ -79,6 +79,9 @@ def run_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, run_name: st
                 "max_new_tokens": 4096, "batch_size": 16, "rows_per_file": 64,
                 "inflight_rows_per_actor": 96, "max_actors": 1,
                 "progress_interval_s": 1, "metrics_linger_s": 0,
+                # tests feed many bad lines to few rows on purpose; test_dry_run.py
+                # tests the guard itself
+                "max_reject_fraction": 1.0,
                 "retries": {"max_attempts": 3, "backoff_initial_s": 0.05,
                             "backoff_max_s": 0.2}},
         "storage": {"endpoint_url": s3_endpoint},
