@@ -280,16 +280,13 @@ def guard_rejects(cfg: RunConfig, store: RunStore, admission: "Admission", tally
 def dry_run(cfg: RunConfig, retry_failed: bool) -> Summary:
     """Validate config and input and say what would run: no Ray, no lease, no writes."""
     from jobs.admission import admit_inputs
-    from jobs.rows import output_settings, settings_hash
+    from jobs.pipeline import stage_context
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     inputs = input_locations(cfg)
     state = RunState.read(store)
-    sampling = cfg.job.sampling.to_sglang()  # the hashes jobs/pipeline.stage_context makes
-    check_settings(state, settings_hash(cfg.engine.model_name, sampling,
-                                        output_settings=output_settings(
-                                            cfg.engine, cfg.job.context_policy)),
-                   cfg.job.max_new_tokens, cfg.job.run_name,
-                   settings_hash(cfg.engine.model_name, sampling))
+    ctx = stage_context(cfg)
+    check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name,
+                   ctx["legacy_settings_hash"])
     tally = RejectTally()
     admission = admit_inputs(inputs, state.prior, retry_failed, tally.add, cfg.job.limit)
     if tally.total < admission.rejects:

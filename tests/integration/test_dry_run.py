@@ -58,6 +58,7 @@ def _dry_run(config: Path, *flags: str) -> subprocess.CompletedProcess:
                            *flags], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a real 12-row run first, then three CLI processes
 def test_dry_run_of_a_run_with_rows_plans_the_new_ones_and_writes_nothing(
         ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 12)
@@ -82,5 +83,8 @@ def test_dry_run_of_a_run_with_rows_plans_the_new_ones_and_writes_nothing(
         assert line in plain.stdout, plain.stdout
     retry = _dry_run(config, "--retry-failed")  # allowed: nothing failed, nothing to send
     assert retry.returncode == 0 and "generate:  0 prompts now" in retry.stdout, retry.stderr
+    budget = _dry_run(config, "--set", "job.max_new_tokens=8192")  # would mix budgets
+    assert budget.returncode == 1 and "--continue-truncated --max-total-tokens 8192" in \
+        budget.stderr, budget.stderr
     # no rejects, inputs.json, lease or progress written; nothing rewritten
     assert _objects(s3_endpoint, prefix) == before

@@ -167,3 +167,18 @@ def test_dry_run_refuses_modes_it_cannot_plan(tmp_path, flags, capsys):
     assert err.startswith("error: --dry-run cannot be combined with --") and \
         err.count("\n") == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_after_the_guard_stopped_a_run_the_dry_run_names_the_written_rejects(tmp_path,
+                                                                           monkeypatch):
+    """A rerun's admission hands over only new rejects; the reasons of the ones already in
+    rejects/ are read from there, so the message is the same the second time."""
+    import jobs.run
+    monkeypatch.setattr(jobs.run, "_init_ray", lambda *_: pytest.fail("Ray was started"))
+    tree = tree_for(tmp_path, 3, BAD)
+    with pytest.raises(RunError) as first:
+        run_job(parse_config(tree), False, False, None, KeyboardInterrupt)
+    proc = _cli(tmp_path, tree)
+    assert proc.returncode == 1
+    assert "rejects:   5 (0 not yet in rejects/): 3 x not valid JSON" in proc.stderr
+    assert proc.stderr.startswith("error: " + str(first.value).split(". No engine")[0])
