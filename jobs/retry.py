@@ -24,7 +24,7 @@ from ray.exceptions import (ActorDiedError, ActorUnavailableError, RayActorError
                             RayTaskError)
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-
+from serve_apps.errors import EngineError
 
 class CallIncomplete(RuntimeError):
     """A replica's result stream ended without some of its rows (they are sent again)."""
@@ -58,9 +58,10 @@ class SystematicErrors(CircuitOpen):
 
 
 def is_replica_bug(exc: BaseException) -> bool:
-    """The replica's own code raised (not Ray telling us the replica died)."""
+    """The replica's own code raised: not Ray telling us the replica died, and not an
+    engine fault the replica raises on purpose (EngineDead: Serve replaces the replica)."""
     return isinstance(exc, RayTaskError) and not isinstance(getattr(exc, "cause", None),
-                                                            RayError)
+                                                            (RayError, EngineError))
 
 
 def error_text(exc: BaseException) -> str:
@@ -73,6 +74,8 @@ def error_text(exc: BaseException) -> str:
 def replica_error_class(exc: BaseException) -> str:
     if is_replica_bug(exc):
         return "replica_error"
+    if isinstance(getattr(exc, "cause", None), EngineError):
+        return exc.cause.error_class  # e.g. engine_dead: retried on the replacement
     return {BackPressureError: "replica_backpressure",
             DeploymentUnavailableError: "deployment_unavailable"}.get(type(exc),
                                                                        "replica_unavailable")

@@ -26,7 +26,9 @@ APP = "raygen-test"
 
 def _assert_exactly_once(tree: dict, n: int) -> None:
     data = read(tree, "data")
-    assert len(data) == n, f"expected {n} rows, got {len(data)}"
+    failures = read(tree, "failures")
+    assert len(data) == n, (f"expected {n} rows, got {len(data)}; failures: "
+                            f"{failures[['error_class', 'error_message']].head(3).to_dict('records')}")
     assert data["key"].is_unique
     assert sorted(data["id"]) == [f"p{i:05d}" for i in range(n)]
 
@@ -168,7 +170,7 @@ def test_malformed_rows_are_rejected_and_valid_rows_complete(ray_cluster, s3_end
     rejects = read(tree, "rejects").sort_values("line")
     assert list(rejects.line) == list(range(31, 30 + len(bad)))
     expected = ["not valid JSON", "must be a JSON object", "missing 'messages'",
-                "'messages' is empty", "messages[0].role 'bot'", "messages[0].content must be",
+                "'messages' is empty", "messages[0].role 'bot'", "messages[0].content[0]: part type 'str' is not supported",
                 "id must be a string", "duplicate id 'p00003': first seen at"]
     for reason, want in zip(rejects.reason, expected):
         assert want in reason, (want, reason)

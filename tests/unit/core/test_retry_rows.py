@@ -178,6 +178,11 @@ def test_replica_bug_is_told_from_a_dead_replica():
     assert is_replica_bug(bug) and replica_error_class(bug) == "replica_error"
     assert not is_replica_bug(dead) and replica_error_class(dead) == "replica_unavailable"
     assert not is_replica_bug(ActorDiedError())
+    # An engine fault the replica raises on purpose (Serve replaces it): retried as such.
+    from serve_apps.errors import EngineDead
+    engine_dead = RayTaskError("generate_many", "tb", EngineDead("engine process exited"))
+    assert not is_replica_bug(engine_dead)
+    assert replica_error_class(engine_dead) == "engine_dead"
 
 
 def test_context_overflow_is_a_failure_that_retry_failed_can_resend():
