@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import posixpath
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -100,7 +101,27 @@ def put_verified(loc: Location, data: bytes, storage: StorageConfig) -> None:
         return
     bucket, _, key = loc.path.partition("/")
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
-    s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, ContentMD5=md5)
+    for attempt in range(storage.s3_retry_max_attempts):
+        try:
+            s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, ContentMD5=md5)
+            return
+        except Exception as exc:  # noqa: BLE001 - only outages are retried, see below
+            if not _s3_outage(exc) or attempt + 1 == storage.s3_retry_max_attempts:
+                raise
+            # botocore's own tries draw on a retry quota that an outage empties in
+            # seconds; these doubling delays (as pyarrow's client above) outlast ~1 min.
+            time.sleep(min(0.025 * 2 ** attempt, 15.0))
+
+
+def _s3_outage(exc: BaseException) -> bool:
+    """Connection lost/refused, or the store answered 5xx/throttled: try again."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+    if isinstance(exc, (ConnectionError, HTTPClientError)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or status == 429
+    return False
 
 
 _BOTO_CLIENTS: dict[tuple, Any] = {}
@@ -109,7 +130,8 @@ _BOTO_CLIENTS: dict[tuple, Any] = {}
 def s3_client(storage: StorageConfig) -> Any:
     """boto3 for what pyarrow's filesystem cannot do (Content-MD5, conditional puts):
     plain bodies, and as many tries as pyarrow's client gets (botocore's standard mode
-    caps each delay at 20 s, so 12 tries outlast a ~1 min outage)."""
+    caps each delay at 20 s; its retry quota can run dry in an outage, hence the loop
+    in put_verified)."""
     key = (storage.endpoint_url, storage.region, os.getpid())
     if key not in _BOTO_CLIENTS:
         import boto3
@@ -137,8 +159,19 @@ def write_json_atomic(loc: Location, obj: Any) -> None:
 
 
 def read_json(loc: Location) -> Optional[Any]:
-    data = read_bytes(loc)
-    return None if data is None else json.loads(data)
+    """The object as JSON; None when absent. Read again when it does not parse: S3 serves
+    whole objects, but the local test server (moto) was seen serving one torn while it
+    was being replaced."""
+    for attempt in range(3):
+        data = read_bytes(loc)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            if attempt == 2:
+                raise
+            time.sleep(0.1)
 
 
 def list_files(loc: Location, suffix: str = "") -> list[pafs.FileInfo]:

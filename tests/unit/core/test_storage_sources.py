@@ -6,7 +6,6 @@ import json
 import os
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -220,3 +219,18 @@ def test_parquet_mixed_tool_rows_validate(tmp_path):
     assert json.loads(raws[0])["messages"][0]["tool_calls"] is None
     for raw in raws:
         parse_row(raw)  # must not raise RowError
+
+
+def test_part_uploads_retry_outages_and_nothing_else():
+    from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
+
+    from jobs.storage import _s3_outage
+
+    def client_error(status: int) -> ClientError:
+        return ClientError({"Error": {"Code": str(status)},
+                            "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+    assert _s3_outage(EndpointConnectionError(endpoint_url="http://127.0.0.1:1"))
+    assert _s3_outage(ConnectionClosedError(endpoint_url="http://127.0.0.1:1"))
+    assert _s3_outage(client_error(503)) and _s3_outage(client_error(429))
+    assert not _s3_outage(client_error(403))  # wrong credentials: say so at once
+    assert not _s3_outage(client_error(400)) and not _s3_outage(ValueError("x"))
