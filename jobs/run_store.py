@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import posixpath
 import time
@@ -35,7 +34,7 @@ import pyarrow.parquet as pq
 
 from jobs.config import StorageConfig
 from jobs.schema import KINDS, LATER_COLUMNS
-from jobs.storage import (Location, is_local, list_files, locate, put_verified, read_bytes,
+from jobs.storage import (Location, is_local, list_files, locate, put_verified, read_json,
                           write_json_atomic)
 
 logger = logging.getLogger("raygen")
@@ -163,8 +162,7 @@ class RunStore:
         return pa.concat_tables(tables) if tables else _empty(kind, columns)
 
     def read_json(self, name: str):
-        data = read_bytes(self.loc(name))
-        return None if data is None else json.loads(data)
+        return read_json(self.loc(name))
 
 
 def _empty(kind: str, columns: Optional[list[str]]) -> pa.Table:
