@@ -16,7 +16,9 @@ Every write is conditional, so two drivers cannot both win:
   lock file (one host, or a shared filesystem with working locks).
 
 Staleness is judged by the holder's own ``renewed_at`` against the reader's clock:
-keep node clocks in sync (NTP) and the timeout well above any skew.
+keep node clocks in sync (NTP) and the timeout well above any skew. A holder on this
+very host whose pid is dead (a SIGKILLed driver resubmitted where it ran) is taken
+over at once; a reused pid only makes us wait for the timeout.
 """
 
 from __future__ import annotations
@@ -229,6 +231,12 @@ class RunLease:
 
     def _take_if_stale(self, holder: Holder, version: str) -> str:
         age = time.time() - holder.renewed_at
+        if _driver_gone(holder):  # no need to wait out the timeout: its pid is dead here
+            new_version = self.backend.replace(asdict(self.me), version)
+            self.takeover = (f"took over the lease of {holder.describe()}: its driver "
+                             f"(pid {holder.pid} on this host) is gone")
+            logger.warning("run %s: %s", self.store.uri, self.takeover)
+            return new_version
         if age < self.timeout_s:
             raise LeaseHeld(
                 f"run {self.store.uri} is held by {holder.describe()}, renewed {age:.0f} s "
@@ -265,3 +273,16 @@ class RunLease:
             self._thread.join(timeout=10)
         if self.version is not None and self.lost is None:
             self.backend.delete(self.version)
+
+
+def _driver_gone(holder: Holder) -> bool:
+    """True only when the holder ran on this host and its pid no longer exists."""
+    if holder.host != socket.gethostname() or holder.pid == os.getpid():
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False

@@ -74,3 +74,29 @@ def test_holder_is_named_by_the_ray_job_submission_id(monkeypatch):
     assert this_driver().job_id == "raysubmit_abc"
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
     assert this_driver().job_id.startswith("driver-")
+
+
+def test_a_dead_driver_on_this_host_is_taken_over_at_once(store):
+    import subprocess
+    import sys
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer exists
+    holder = RunLease(store, timeout_s=600).acquire()
+    holder._stop.set()
+    lease_file = Path(store.loc("lease.json").path)
+    lease_file.write_text(json.dumps(dict(json.loads(lease_file.read_text()), pid=gone.pid)))
+    taker = RunLease(store, timeout_s=600).acquire()  # fresh (renewed now), yet taken
+    try:
+        assert f"(pid {gone.pid} on this host) is gone" in taker.takeover
+    finally:
+        taker.release()
+
+
+def test_a_fresh_lease_of_another_host_is_never_judged_by_pid(store):
+    holder = RunLease(store, timeout_s=600).acquire()
+    holder._stop.set()
+    lease_file = Path(store.loc("lease.json").path)
+    lease_file.write_text(json.dumps(dict(json.loads(lease_file.read_text()),
+                                          host="other-node", pid=2 ** 22 + 7)))
+    with pytest.raises(LeaseHeld, match="other-node"):
+        RunLease(store, timeout_s=600).acquire()
