@@ -228,7 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         keys, bad = _prompts(prompts, args.prompts)
         for trial in range(args.trials):
             seed = args.seed + trial
-            tree = chaos_config(str(prompts), f"s3://raygen-chaos/runs", f"chaos-{os.getpid()}-{seed}",
+            tree = chaos_config(str(prompts), "s3://raygen-chaos/runs", f"chaos-{os.getpid()}-{seed}",
                                 endpoint, args.time_scale)
             cfg = work / f"chaos-{seed}.yaml"
             cfg.write_text(yaml.safe_dump(tree))

@@ -8,7 +8,7 @@ simulator). Roles:
 
 - ``driver``      the benchmark/driver process (minus the benchmark's own sampler
                   threads, whose CPU is measured with thread_time and subtracted)
-- ``ray_workers`` Ray Data actors and task workers, KeyLedger, idle pooled workers
+- ``ray_workers`` Ray Data actors and task workers, idle pooled workers
 - ``serve``       ServeController and ServeReplica actors (the replica's Python
                   process only; its engine subtree is excluded)
 - ``ray_system``  gcs_server, raylet, dashboard (+ its module processes),
@@ -43,7 +43,7 @@ SYSTEM_MARKERS = ("gcs_server", "raylet", "dashboard", "DashboardAgent", "Runtim
 
 COMPONENTS = {  # component -> role
     "driver": "driver",
-    "generate_actors": "ray_workers", "ledger": "ray_workers",
+    "generate_actors": "ray_workers",
     "ray_data_workers": "ray_workers", "exited_workers": "ray_workers",
     "serve_controller": "serve", "serve_replicas": "serve",
     "raylet": "ray_system", "gcs_server": "ray_system", "dashboard": "ray_system",
@@ -89,8 +89,6 @@ def classify(proc: psutil.Process, root_pid: int) -> Optional[str]:
             return component
     if cmd.startswith("ray::MapWorker("):  # GenerateRows / ray.data.llm stage actors
         return "generate_actors"
-    if cmd.startswith("ray::KeyLedger"):
-        return "ledger"
     if cmd.startswith("ray::") or "default_worker.py" in cmd:
         return "ray_data_workers"
     return "other_ray"  # anything else Ray started (kept, never silently dropped)

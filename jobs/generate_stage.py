@@ -1,9 +1,9 @@
 """Send rows to the engine replicas (stage 4 of the job): an async Ray Data actor.
 
-Row contract: reads the validated row (key, id, category, messages, tools, source,
-line, raw, reject_reason) or, when continuing (ctx["continue_to"]), a data/ row;
-outputs STAGE_OUTPUT rows whose ``_kind`` says where they
-go (data / failures / rejects).
+Row contract: reads an admitted row (key, id, category, messages, tools, source, line,
+prompt_hash; rejects never get here: the driver's admission pass writes them) or, when
+continuing (ctx["continue_to"]), a data/ row; outputs STAGE_OUTPUT rows whose ``_kind``
+says where they go (data / failures).
 
 Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
 concurrent batches (row-level slots, ``jobs.row_sender``), so when one row finishes the
@@ -26,7 +26,7 @@ from jobs.job_metrics import CategoryCap
 from jobs.retry import (NOT_ENGINE_CLASSES, REPLICA_ERRORS, ROW_ERROR_CLASSES, Breaker,
                         backoff_s, error_text, is_replica_bug, replica_error_class)
 from jobs.row_sender import RowSender
-from jobs.rows import continued_row, data_row, failure_row, reject_row, to_table
+from jobs.rows import continued_row, data_row, failure_row, to_table
 
 
 class GenerateRows:
@@ -57,8 +57,6 @@ class GenerateRows:
         return request
 
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
-        if row.get("reject_reason"):
-            return reject_row(row, row["reject_reason"])
         request, attempt, retried, alone = self._request(row), 0, [], False
         while True:
             attempt += 1

@@ -119,13 +119,6 @@ def failure_row(row: dict[str, Any], error_class: str, message: str, retryable: 
             "replica": replica, "settings_hash": ctx["settings_hash"], "failed_at": now()}
 
 
-def reject_row(row: dict[str, Any], reason: str) -> dict[str, Any]:
-    return {"_kind": "rejects", "source": row["source"], "line": row["line"],
-            "key": row.get("key"), "id": row.get("id"), "reason": reason,
-            "raw": (row.get("raw") or row.get("messages") or "")[:2000],
-            "rejected_at": now()}
-
-
 def reject_reason_class(reason: str) -> str:
     """Bounded label for the rejects metric."""
     if reason.startswith("duplicate id"):
