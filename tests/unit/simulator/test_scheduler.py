@@ -53,7 +53,8 @@ def test_aggregate_cap_is_shared():
         return await asyncio.gather(*(timed(s, 1, 1, 500) for _ in range(4)))
 
     for elapsed in asyncio.run(go()):
-        assert 0.1 <= elapsed < 0.4  # lower bound: the cap is shared (unshared would be 0.05)
+        # lower bound: the cap is shared (unshared would be 0.05); 1 ms for timer rounding
+        assert 0.099 <= elapsed < 0.4
 
 
 def test_queue_is_fifo_and_bounded_by_max_running():
