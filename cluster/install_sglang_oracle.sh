@@ -36,18 +36,8 @@ RUNTIME_PINS=(
   mdurl==0.1.2 shellingham==1.5.4
 )
 
-pinned_ok() {
-  "$PY" - "$@" <<'PYEOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-for spec in sys.argv[1:]:
-    name, _, want = spec.partition("==")
-    try:
-        if version(name) != want:
-            sys.exit(1)
-    except PackageNotFoundError:
-        sys.exit(1)
-PYEOF
+pinned_ok() {  # exit 0 when every NAME==VERSION is installed at exactly it
+  "$PY" "$(dirname "$0")/pinned_ok.py" "$@"
 }
 
 if pinned_ok "${RUNTIME_PINS[@]}"; then

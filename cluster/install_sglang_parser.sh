@@ -37,19 +37,8 @@ SGLANG_PINS=(sglang==0.5.23 msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 psuti
 # PIP_EXTRA_INDEX_URL elsewhere. Override with TORCH_SPEC if your platform needs another.
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0+cpu}"
 
-pinned_ok() {
-  # Exit 0 when every NAME==VERSION is installed at exactly that version.
-  "$PY" - "$@" <<'EOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-for spec in sys.argv[1:]:
-    name, _, want = spec.partition("==")
-    try:
-        if version(name) != want:
-            sys.exit(1)
-    except PackageNotFoundError:
-        sys.exit(1)
-EOF
+pinned_ok() {  # exit 0 when every NAME==VERSION is installed at exactly it
+  "$PY" "$(dirname "$0")/pinned_ok.py" "$@"
 }
 
 if pinned_ok "${SGLANG_PINS[@]}" "$TORCH_SPEC"; then
