@@ -105,6 +105,9 @@ class ProgressTracker:
         self.baseline = (0, 0)
         self.last: Optional[dict[str, Any]] = None
         self._counting = False
+        # The driver's final update and the thread's may overlap: one scan at a time, or
+        # a part read by both is counted twice in the outcome counters.
+        self._scan_lock = threading.Lock()
 
     def start(self) -> "ProgressTracker":
         self.update()
@@ -143,6 +146,10 @@ class ProgressTracker:
         return (c.done - d0) / span, (c.output_tokens - k0) / span
 
     def update(self) -> dict[str, Any]:
+        with self._scan_lock:
+            return self._update()
+
+    def _update(self) -> dict[str, Any]:
         self.counts.scan(self.store)
         now, c = time.time(), self.counts
         rows_s, tok_s = self._rates(now)

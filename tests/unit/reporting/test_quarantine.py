@@ -16,7 +16,7 @@ from jobs.progress import ProgressTracker
 from jobs.admission import key_digest
 from jobs.run import RunState
 from jobs.run_store import RunStore
-from tests.unit.reporting.conftest import make_row, write_rows
+from tests.unit.reporting.conftest import failure_row, make_row, write_rows
 
 GOOD_KEYS = [f"k{i:02d}" for i in range(12)]
 
@@ -111,3 +111,43 @@ def test_storage_errors_are_not_damage(tmp_path):
     with pytest.raises(OSError):
         store.read_part(str(odd), ["key"])
     assert odd.exists()
+
+
+def test_overlapping_updates_count_each_part_once(tmp_path, monkeypatch):
+    """The driver's last update and the progress thread's may run at once (the live
+    metrics test saw failures and retries counted twice)."""
+    import threading
+    import time as _time
+
+    store, _ = damaged_run(tmp_path)
+    for i in range(4):  # failures with retries: the outcome counters' events
+        write_rows(store, "failures", [failure_row(f"f{i}", "engine_5xx")])
+
+    class Counter:
+        def __init__(self):
+            self.events = []
+
+        def set(self, snapshot):
+            pass
+
+        def count(self, events):
+            self.events += events
+
+    gauges = Counter()
+    tracker = ProgressTracker(store, total=20, run="r", model="m", interval_s=60,
+                              gauges=gauges)
+    tracker._counting = True  # count from the first scan: every part is "new" here
+    slow_read = store.read_part
+
+    def read_part(path, columns=None):
+        _time.sleep(0.05)  # widen the window in which both scans see the same new part
+        return slow_read(path, columns)
+    monkeypatch.setattr(store, "read_part", read_part)
+    threads = [threading.Thread(target=tracker.update) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    single = ProgressTracker(store, total=20, run="r", model="m", interval_s=60)
+    single.counts.scan(store)
+    assert gauges.events and sorted(gauges.events) == sorted(single.counts.events)
