@@ -69,6 +69,17 @@ def set_faults(urls: list[str], **faults: Any) -> None:
 CLEAR_FAULTS = {"error_rate": 0.0, "slow_rate": 0.0, "error_status": 500}
 
 
+def run_with_faults(tree: dict, app_name: str, replicas: int = 2, **faults: Any) -> Summary:
+    """Deploy the config's app, switch the engines' faults on, run, switch them off."""
+    deploy(tree)
+    urls = engine_urls(app_name, replicas)
+    try:
+        set_faults(urls, **faults)
+        return run(tree)
+    finally:
+        set_faults(urls, **CLEAR_FAULTS)
+
+
 def assert_run_exact(tree: dict, keys, bad_lines=()) -> None:
     """The run is exact: every expected key in data/ exactly once (per version), every
     part readable, rejects/ holds exactly ``bad_lines`` (each once), no open failures.

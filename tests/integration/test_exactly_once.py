@@ -17,8 +17,8 @@ import pytest
 
 from jobs.run import RunError
 from tests.integration.conftest import run_config, write_prompts
-from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run, set_faults,
-                                       store_of, write_yaml)
+from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
+                                       run_with_faults, set_faults, store_of, write_yaml)
 
 pytestmark = pytest.mark.integration
 APP = "raygen-test"
@@ -91,13 +91,7 @@ def test_transient_errors_are_retried(ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 80)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                       job={"retries": {"max_attempts": 8}})
-    deploy(tree)
-    urls = engine_urls(APP, 2)
-    try:
-        set_faults(urls, error_rate=0.3, error_status=503)
-        summary = run(tree)
-    finally:
-        set_faults(urls, **CLEAR_FAULTS)
+    summary = run_with_faults(tree, APP, error_rate=0.3, error_status=503)
     assert summary.status == "succeeded"
     data = read(tree, "data")
     _assert_exactly_once(tree, 80)

@@ -19,8 +19,8 @@ from ray import serve
 from jobs import generate
 from jobs.status import holder_line
 from tests.integration.conftest import run_config, write_prompts
-from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run, set_faults,
-                                       store_of, write_yaml)
+from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
+                                       run_with_faults, set_faults, store_of, write_yaml)
 
 pytestmark = pytest.mark.integration
 APP = "raygen-test"
@@ -70,13 +70,7 @@ def test_429_is_retried_with_backoff(ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 60)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                       job={"retries": {"max_attempts": 8}})
-    deploy(tree)
-    urls = engine_urls(APP, 2)
-    try:
-        set_faults(urls, error_rate=0.3, error_status=429)
-        summary = run(tree)
-    finally:
-        set_faults(urls, **CLEAR_FAULTS)
+    summary = run_with_faults(tree, APP, error_rate=0.3, error_status=429)
     assert summary.status == "succeeded"
     _assert_exactly_once(tree, 60)
     data = read(tree, "data")
