@@ -1,4 +1,4 @@
-"""Scale of the admission pass (jobs/admission.py): memory of the admission structure
+"""Scale of the admission pass (jobs/pipeline/admission.py): memory of the admission structure
 at many keys, and the time of the driver's pass over a large input.
 
     python -m bench.admission_scale --keys 10000000 --rows 900000
@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from jobs.admission import (CHUNK_ROWS, AdmissionTable, PriorRun, SeenKeys, admit_inputs,
+from jobs.pipeline.admission import (CHUNK_ROWS, AdmissionTable, PriorRun, SeenKeys, admit_inputs,
                             digests_of, reject_writer)
 
 
@@ -64,8 +64,8 @@ def synthetic_input(path: Path, n: int) -> None:
 
 def pass_time(n: int) -> dict[str, float]:
     from jobs.config import StorageConfig
-    from jobs.run_store import RunStore
-    from jobs.storage import locate
+    from jobs.io.run_store import RunStore
+    from jobs.io.storage import locate
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "prompts.jsonl"
         synthetic_input(path, n)

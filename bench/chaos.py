@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional
 
 import psutil
 
-# Ray Data names the workers after the operators in jobs/pipeline.py.
+# Ray Data names the workers after the operators in jobs/pipeline/chain.py.
 DATA_PLANE = ("ReadPromptFiles", "validate_batch", "admit_batch", "GenerateRows", "Write")
 
 
@@ -171,7 +171,7 @@ def exact(report: dict[str, Any]) -> bool:
 
 def _prompts(path: Path, n: int) -> tuple[list[str], list[str]]:
     """n valid prompts (every 5th without id) + bad lines; returns (keys, bad lines)."""
-    from jobs.validate import parse_row
+    from jobs.pipeline.validate import parse_row
     lines = []
     for i in range(n):
         row: dict[str, Any] = {"messages": [{"role": "user", "content": f"Chaos prompt {i}: "
@@ -208,7 +208,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from cluster.local_stack import create_bucket, set_local_aws_env, start_s3
     from jobs.config import StorageConfig
-    from jobs.run_store import RunStore
+    from jobs.io.run_store import RunStore
     from serve_apps.engine_process import free_port
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -93,11 +93,11 @@ class _Never(Exception):
 
 
 def run_raygen(ctx: Context) -> ModeResult:
-    """(a) raygen: jobs.run.run_job with the config (engines already deployed: it attaches)."""
+    """(a) raygen: jobs.runs.run.run_job with the config (engines already deployed: it attaches)."""
     from jobs.config import parse_config
-    from jobs.run import run_job
-    from jobs.run_store import RunStore
-    from jobs.storage import list_files
+    from jobs.runs.run import run_job
+    from jobs.io.run_store import RunStore
+    from jobs.io.storage import list_files
 
     tree = json.loads(json.dumps(ctx.tree))
     tree["job"]["run_name"] = f"bench-{uuid.uuid4().hex[:8]}"
@@ -163,7 +163,7 @@ def run_raydata_llm(ctx: Context) -> ModeResult:
     import pyarrow.parquet as pq
 
     from bench.raydata_llm import build_dataset
-    from jobs.pipeline import stage_context
+    from jobs.pipeline.chain import stage_context
 
     run_dir = ctx.work_dir / f"raydata-llm-{uuid.uuid4().hex[:8]}"
     sctx = stage_context(ctx.cfg)

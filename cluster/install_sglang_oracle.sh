@@ -2,7 +2,7 @@
 # Install what SGLang 0.5.23's *request path* imports on CPU, on top of the parser install
 # (cluster/install_sglang_parser.sh): its real FastAPI app, TokenizerManager,
 # DetokenizerManager, Req finish logic and metrics collector. The oracle tests
-# (tests/unit/production/test_sglang_oracle.py, test_sglang_differential.py) run that code
+# (tests/contract/sglang/test_sglang_oracle.py, test_sglang_differential.py) run that code
 # with a fake scheduler and compare raygen's client and the simulator against it.
 #
 #   cluster/install_sglang_oracle.sh [VENV]        # VENV defaults to .venv
@@ -15,7 +15,7 @@
 # - triton is real (~700 MB): an empty stand-in breaks torch._dynamo, which
 #   the scheduler-side imports reach.
 # - torchvision from PyPI is a CUDA build whose _C cannot load with CPU torch; the tests
-#   define its two op schemas before import (tests/unit/production/sglang_stack.py).
+#   define its two op schemas before import (tests/contract/sglang/sglang_stack.py).
 # Measured here: ~1.2 GB more in the venv; 60-90 s from a warm pip cache.
 set -euo pipefail
 

@@ -17,7 +17,7 @@
 #   (SGLang pins 2.14.1 for its kernels, which never load here).
 # - triton is NOT installed (~1 GB unpacked): one module-level `import triton` plus a
 #   setattr in sglang/srt/utils/common.py is all the parser path touches; the test puts
-#   an empty module in its place for that one import (tests/unit/production/conftest.py).
+#   an empty module in its place for that one import (tests/contract/sglang/conftest.py).
 # - the rest are small pure or self-contained wheels imported on that path, installed
 #   --no-deps (IPython only for `IPython.display` in sglang/utils.py).
 # Measured here: 45-50 s and ~1 GB added to the venv (torch ~750 MB, sglang ~220 MB);

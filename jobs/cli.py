@@ -76,8 +76,8 @@ def _job_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jobs.export import add_export_args
-    from jobs.report import parse_caps
+    from jobs.analysis.export import add_export_args
+    from jobs.analysis.report import parse_caps
     parser = argparse.ArgumentParser(
         prog="raygen", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Generate LLM completions for a prompt dataset on a Ray cluster, then "
@@ -168,7 +168,7 @@ def _reader(name: str) -> Callable[[argparse.Namespace], int]:
             return 2
         argv = [uri] + (["--config", args.config] if args.config else [])
         if name == "export":
-            from jobs.export import run_export
+            from jobs.analysis.export import run_export
             args.run = uri
             return run_export(args)
         if name == "report" and args.what_if:
@@ -176,7 +176,7 @@ def _reader(name: str) -> Callable[[argparse.Namespace], int]:
         if name == "finalize":
             argv += (["--force"] if args.force else []) + (
                 ["--rows-per-file", str(args.rows_per_file)] if args.rows_per_file else [])
-        module = __import__(f"jobs.{name}", fromlist=["main"])
+        module = __import__(f"jobs.analysis.{name}", fromlist=["main"])
         return module.main(argv)
     return run
 

@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     if args.upload:
         from jobs.config import StorageConfig
-        from jobs.storage import locate, write_bytes_atomic
+        from jobs.io.storage import locate, write_bytes_atomic
         import os
         storage = StorageConfig(endpoint_url=os.environ.get("RAYGEN_S3_ENDPOINT"))
         with open(args.out, "rb") as f:

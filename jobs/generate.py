@@ -80,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from jobs.run import RunError, dry_run, run_job  # heavy imports only after the config
+    from jobs.runs.run import RunError, dry_run, run_job  # heavy imports only after the config
     if args.dry_run:
         try:
             summary = dry_run(cfg, retry_failed=args.retry_failed)
@@ -89,9 +89,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 1
         print(summary.text)
         return 0
-    signal.signal(signal.SIGTERM, _on_sigterm)  # until Ray starts; jobs/run.py re-installs
+    signal.signal(signal.SIGTERM, _on_sigterm)  # until Ray starts; jobs/runs/run.py re-installs
     if args.pilot:
-        from jobs.pilot import pilot_config
+        from jobs.runs.pilot import pilot_config
         cfg = pilot_config(cfg, args.pilot)
     try:
         summary = run_job(cfg, retry_failed=args.retry_failed,

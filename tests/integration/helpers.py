@@ -13,8 +13,8 @@ import yaml
 from ray import serve
 
 from jobs.config import StorageConfig, parse_config
-from jobs.run import Summary, run_job
-from jobs.run_store import RunStore
+from jobs.runs.run import Summary, run_job
+from jobs.io.run_store import RunStore
 
 
 class NeverRaised(Exception):

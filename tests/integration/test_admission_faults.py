@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bench.chaos import chaos_trial
-from jobs.validate import parse_row
+from jobs.pipeline.validate import parse_row
 from tests.integration.conftest import run_config, write_prompts
 from tests.integration.helpers import assert_run_exact, read, run, store_of
 

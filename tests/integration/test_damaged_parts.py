@@ -11,8 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import finalize, status
-from jobs.storage import write_bytes_atomic
+from jobs.analysis import finalize
+
+from jobs.analysis import status
+from jobs.io.storage import write_bytes_atomic
 from tests.integration.conftest import run_config, write_prompts
 from tests.integration.helpers import run, store_of
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jobs.run import RunError
+from jobs.runs.run import RunError
 from tests.integration.conftest import run_config, write_prompts
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
                                        run_with_faults, set_faults, store_of, write_yaml)
@@ -208,7 +208,7 @@ def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp
     if not killed:  # it had time for the final rescan (else counts are the last snapshot's)
         assert stopped["completed"] == len(read(tree, "data"))
     assert store.read_json("lease.json") is None  # released first too: resume at once
-    from jobs.finalize import FinalizeError, finalize
+    from jobs.analysis.finalize import FinalizeError, finalize
     with pytest.raises(FinalizeError, match="not complete .last status stopped"):
         finalize(store)  # a stopped run is not finalized as if complete
     assert subprocess.run(cmd, capture_output=True).returncode == 0

@@ -12,7 +12,7 @@ import datasets
 import pytest
 
 from jobs import cli
-from jobs.validate import prompt_key
+from jobs.pipeline.validate import prompt_key
 from tests.integration.conftest import BUCKET, run_config, write_prompts
 from tests.integration.helpers import read, run, write_yaml
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.forecast import forecast
-from jobs.pilot import pilot_config
+from jobs.analysis.forecast import forecast
+from jobs.runs.pilot import pilot_config
 from jobs.config import parse_config
 from tests.integration.conftest import run_config, write_prompts
 from tests.integration.helpers import read, run

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import parse_config
-from jobs.run import RunError, run_job
-from jobs.schema import DATA
+from jobs.runs.run import RunError, run_job
+from jobs.io.schema import DATA
 from tests.integration.conftest import BUCKET, run_config, write_prompts
 
 pytestmark = pytest.mark.integration

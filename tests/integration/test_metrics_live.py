@@ -233,17 +233,17 @@ def _tree(tmp: Path, s3_endpoint: str, name: str, n: int, extra_lines=(), **job:
 
 
 # A job driver reduced to what feeds the job gauges: the same ProgressTracker +
-# JobGauges that jobs.run._execute starts before the pipeline, in a real Ray driver
+# JobGauges that jobs.runs.run._execute starts before the pipeline, in a real Ray driver
 # process on this cluster (RAY_ADDRESS is set by the ray_cluster fixture). The full
 # pipeline adds nothing to what the alert sees and would cost a whole Ray Data job.
 _CRASH_DRIVER = """
 import sys, time, ray
 from jobs.config import load_config
-from jobs.job_metrics import JobGauges
-from jobs.progress import ProgressTracker
-from jobs.run_store import RunStore
-from jobs.sources import count_rows
-from jobs.storage import locate
+from jobs.runs.job_metrics import JobGauges
+from jobs.runs.progress import ProgressTracker
+from jobs.io.run_store import RunStore
+from jobs.io.sources import count_rows
+from jobs.io.storage import locate
 cfg = load_config(sys.argv[1], [])
 ray.init()
 store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from jobs.config import StorageConfig
-from jobs.run_store import RunStore
+from jobs.io.run_store import RunStore
 from tests.integration.conftest import run_config, write_prompts
 from tests.integration.helpers import write_yaml
 from tests.integration.two_node import TwoNodeCluster, alive, run_name, wait_for

@@ -17,7 +17,7 @@ import pytest
 from ray import serve
 
 from jobs import generate
-from jobs.status import holder_line
+from jobs.analysis.status import holder_line
 from tests.integration.conftest import run_config, write_prompts
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
                                        run_with_faults, set_faults, store_of, write_yaml)
@@ -130,7 +130,7 @@ def test_one_job_per_run_and_takeover_after_sigkill(ray_cluster, s3_endpoint, tm
     try:
         _wait_for(lambda: _json(store, "progress.json").get("completed"), 180,
                   "the first driver to write rows")
-        assert f"(pid {first.pid})" in holder_line(store)  # jobs.status names the holder
+        assert f"(pid {first.pid})" in holder_line(store)  # jobs.analysis.status names the holder
         second = subprocess.run([sys.executable, "-m", "jobs.generate", "--config", str(cfg)],
                                 capture_output=True, text=True, timeout=180)
         assert second.returncode == 1

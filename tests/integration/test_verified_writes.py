@@ -9,12 +9,12 @@ import uuid
 import pyarrow as pa
 import pytest
 
-import jobs.run_store as run_store_module
+import jobs.io.run_store as run_store_module
 from jobs.config import StorageConfig
-from jobs.run_store import DamagedPart, RunStore
-from jobs.storage import s3_client, put_verified
+from jobs.io.run_store import DamagedPart, RunStore
+from jobs.io.storage import s3_client, put_verified
 from tests.integration.conftest import BUCKET
-from tests.unit.reporting.conftest import make_row
+from tests.unit.jobs.analysis.conftest import make_row
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def _store(s3_endpoint: str) -> RunStore:
 
 
 def _rows(n: int) -> pa.Table:
-    from jobs.schema import DATA
+    from jobs.io.schema import DATA
     return pa.Table.from_pylist([make_row(f"k{i}") for i in range(n)], schema=DATA)
 
 

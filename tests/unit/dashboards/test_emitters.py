@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dashboards import metrics_catalog as mc
-from jobs.job_metrics import OTHER_CATEGORY, CategoryCap, dashboard_url
+from jobs.runs.job_metrics import OTHER_CATEGORY, CategoryCap, dashboard_url
 
 
 def test_category_cap_keeps_the_first_n_and_maps_the_rest_to_other():
@@ -26,7 +26,7 @@ def test_dashboard_url_points_at_raygens_dashboard_for_the_run():
 
 def test_dashboard_uid_matches_the_generated_dashboard():
     from dashboards import panels
-    from jobs.job_metrics import DASHBOARD_UID
+    from jobs.runs.job_metrics import DASHBOARD_UID
     assert DASHBOARD_UID == panels.UID
 
 

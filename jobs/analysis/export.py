@@ -1,0 +1,402 @@
+"""Export a run as training data for a drafter, in the trainers' own formats.
+
+    python -m jobs.analysis.export RUN --format pretokenized|conversations|messages --out URI
+        [--file-type jsonl|parquet] [--include-truncated] [--require-finished-thinking]
+        [--max-repetition-ratio R] [--max-length N] [--category C ...] [--config FILE]
+
+writes URI/part-00000.jsonl ... and URI/export.manifest (JSON: what was written, what
+each filter dropped). Formats, one record per kept row:
+
+- pretokenized: {"id", "input_ids": prompt ids + output ids, "loss_mask": 0 per prompt
+  token, 1 per output token}; the ids the model sampled, nothing added (a truncated row
+  ends where the budget cut it). speculators' prepare_data and SpecForge's prompt
+  files pass such rows through without re-tokenizing.
+- conversations: {"id", "conversations": [prompt turns..., {"role": "assistant",
+  "content": answer, "reasoning_content": reasoning}], "tools"}: SpecForge's and
+  speculators' chat files.
+- messages: the same turns under "messages" (HF/TRL chat datasets).
+"tools" is the tools' JSON text, "[]" when none: both trainers parse it, and a column
+that is never null keeps one type in every shard (datasets.load_dataset("json") takes
+the types from the first shard and fails on a later string where it saw only nulls).
+
+Design decisions:
+- Streaming: finalize.pick_latest picks each key's latest version from a few scalar
+  columns; then data files are read one at a time, only the winning rows and the
+  columns the format needs, filtered, converted and appended to the current shard.
+  Memory is one data file plus one shard (cut at --rows-per-file or ~256 MiB).
+- Filters run on the latest version (a continued row counts as its continuation), in a
+  fixed order; the manifest counts what each dropped.
+- Output like finalize: the old manifest is deleted first, shards get deterministic
+  names, stale part-NNNNN files of an earlier export are removed, the manifest comes
+  last. Its name has no data extension: speculators reads every *.json/*.jsonl under a
+  folder and HF datasets every data file, so only the shards may look like data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import io
+import json
+import posixpath
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from jobs.analysis.finalize import FinalizeError, check_not_running, pick_latest
+from jobs.io.run_store import RunStore
+from jobs.io.storage import Location, list_files, locate, write_bytes_atomic, write_json_atomic
+from serve_apps.chat_format import THINK_END, THINK_START
+
+FORMATS = ("pretokenized", "conversations", "messages")
+FILE_TYPES = ("jsonl", "parquet")
+ROWS_PER_FILE = 10_000
+MAX_SHARD_BYTES = 256 << 20
+MANIFEST = "export.manifest"
+SHARD_NAME = re.compile(r"^part-\d{5}\.(jsonl|parquet)$")
+RUN_FOLDERS = ("data", "failures", "rejects", "final")
+FILTER_COLUMNS = ["category", "finish_reason", "finished_thinking", "repetition_ratio",
+                  "prompt_token_ids", "output_token_ids"]
+TEXT_COLUMNS = ["messages", "tools", "reasoning", "answer"]
+
+TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", pa.struct(
+    [("name", pa.string()), ("arguments", pa.string())]))])
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()),
+                     ("reasoning_content", pa.string()), ("name", pa.string()),
+                     ("tool_call_id", pa.string()), ("tool_calls", pa.list_(TOOL_CALL))])
+PARQUET_SCHEMAS = {
+    "pretokenized": pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())),
+                               ("loss_mask", pa.list_(pa.int8()))]),
+    "conversations": pa.schema([("id", pa.string()), ("conversations", pa.list_(MESSAGE)),
+                                ("tools", pa.string())]),
+    "messages": pa.schema([("id", pa.string()), ("messages", pa.list_(MESSAGE)),
+                           ("tools", pa.string())]),
+}
+
+
+class ExportError(RuntimeError):
+    """The export cannot run as asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    include_truncated: bool = False          # keep finish_reason=length rows too
+    require_finished_thinking: bool = False  # drop rows that never reached </think>
+    max_repetition_ratio: Optional[float] = None
+    max_length: Optional[int] = None         # prompt + output tokens
+    categories: tuple[str, ...] = ()         # empty = every category
+
+    def checks(self) -> list[tuple[str, Callable[[pa.Table], pa.ChunkedArray]]]:
+        """(filter name, keep-mask function) in the order they apply; only active ones."""
+        reasons = pa.array(["stop", "length"] if self.include_truncated else ["stop"])
+        out = [("finish_reason", lambda t: pc.is_in(t["finish_reason"], reasons))]
+        if self.require_finished_thinking:
+            out.append(("finished_thinking", lambda t: pc.equal(t["finished_thinking"], True)))
+        if self.max_repetition_ratio is not None:
+            out.append(("repetition_ratio", lambda t: pc.fill_null(
+                pc.less_equal(t["repetition_ratio"], self.max_repetition_ratio), True)))
+        if self.max_length is not None:
+            out.append(("max_length", lambda t: pc.less_equal(
+                pc.add(pc.list_value_length(t["prompt_token_ids"]),
+                       pc.list_value_length(t["output_token_ids"])), self.max_length)))
+        if self.categories:
+            wanted = pa.array(list(self.categories))
+            out.append(("category", lambda t: pc.is_in(t["category"], wanted)))
+        return out
+
+    def apply(self, t: pa.Table, dropped: dict[str, int]) -> pa.Table:
+        for name, keep in self.checks():
+            kept = t.filter(pc.fill_null(keep(t), False))
+            dropped[name] = dropped.get(name, 0) + t.num_rows - kept.num_rows
+            t = kept
+        return t
+
+
+# --- records -------------------------------------------------------------------------
+
+def without_think_tags(text: Optional[str]) -> str:
+    return (text or "").replace(THINK_START, "").replace(THINK_END, "").strip()
+
+
+def pretokenized_record(row: dict[str, Any]) -> dict[str, Any]:
+    prompt, output = row["prompt_token_ids"], row["output_token_ids"]
+    return {"id": row["key"], "input_ids": prompt + output,
+            "loss_mask": [0] * len(prompt) + [1] * len(output)}
+
+
+def _joined_ids(column: pa.ChunkedArray) -> list[str]:
+    """Each row's ids as JSON array text without brackets, joined in Arrow (no Python ints)."""
+    return pc.binary_join(pc.cast(column, pa.list_(pa.string())), ", ").to_pylist()
+
+
+def pretokenized_lines(t: pa.Table) -> Iterator[bytes]:
+    """JSONL lines byte-identical to json.dumps(pretokenized_record(row)), built from Arrow
+    text: JSON-encoding ~2,500 Python ints per row was most of the export's time."""
+    prompts, outputs = _joined_ids(t["prompt_token_ids"]), _joined_ids(t["output_token_ids"])
+    n_prompt = pc.list_value_length(t["prompt_token_ids"]).to_pylist()
+    n_output = pc.list_value_length(t["output_token_ids"]).to_pylist()
+    for key, p, o, lp, lo in zip(t["key"].to_pylist(), prompts, outputs, n_prompt, n_output):
+        ids = f"{p}, {o}" if lp and lo else p + o
+        mask = ("0, " * lp + "1, " * lo)[:-2]
+        yield (f'{{"id": {json.dumps(key, ensure_ascii=False)}, "input_ids": [{ids}], '
+               f'"loss_mask": [{mask}]}}\n').encode()
+
+
+def chat_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
+    answer = {"role": "assistant", "content": without_think_tags(row["answer"]),
+              "reasoning_content": without_think_tags(row["reasoning"])}
+    return json.loads(row["messages"]) + [answer]
+
+
+def conversations_record(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["key"], "conversations": chat_turns(row), "tools": row["tools"] or "[]"}
+
+
+def messages_record(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["key"], "messages": chat_turns(row), "tools": row["tools"] or "[]"}
+
+
+RECORDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "pretokenized": pretokenized_record, "conversations": conversations_record,
+    "messages": messages_record}
+
+
+def _parquet_message(msg: dict[str, Any]) -> dict[str, Any]:
+    """A turn in MESSAGE's fields; tool-call arguments as JSON text, as OpenAI sends them."""
+    calls = []
+    for call in msg.get("tool_calls") or []:
+        fn = dict(call.get("function") or {})
+        if not isinstance(fn.get("arguments"), (str, type(None))):
+            fn["arguments"] = json.dumps(fn["arguments"], ensure_ascii=False)
+        calls.append({"id": call.get("id"), "type": call.get("type"), "function": fn})
+    return {**{name: msg.get(name) for name in MESSAGE.names}, "tool_calls": calls or None}
+
+
+def to_parquet_rows(fmt: str, records: list[dict[str, Any]]) -> pa.Table:
+    if fmt != "pretokenized":
+        records = [{**r, fmt: [_parquet_message(m) for m in r[fmt]]} for r in records]
+    return pa.Table.from_pylist(records, schema=PARQUET_SCHEMAS[fmt])
+
+
+# --- shards --------------------------------------------------------------------------
+
+class ShardWriter:
+    """Appends records to the current shard and cuts part-NNNNN files as it fills."""
+
+    def __init__(self, out: Location, fmt: str, file_type: str, rows_per_file: int):
+        self.out, self.fmt, self.file_type, self.rows_per_file = out, fmt, file_type, rows_per_file
+        self.files: list[dict[str, Any]] = []
+        self._lines: list[bytes] = []              # jsonl: encoded lines
+        self._pending: list[dict[str, Any]] = []   # parquet: records not yet in Arrow
+        self._tables: list[pa.Table] = []          # parquet: concatenated once, at the cut
+        self._rows = self._bytes = 0
+
+    def add(self, records: Iterable[dict[str, Any]]) -> None:
+        if self.file_type == "jsonl":
+            self.add_lines((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in records)
+            return
+        for record in records:
+            self._pending.append(record)
+            self._rows += 1
+            if self._rows >= self.rows_per_file:
+                self.cut()
+        self._to_arrow()
+        if self._bytes >= MAX_SHARD_BYTES:
+            self.cut()
+
+    def add_lines(self, lines: Iterable[bytes]) -> None:
+        """JSONL only: lines already encoded."""
+        for line in lines:
+            self._lines.append(line)
+            self._bytes += len(line)
+            self._rows += 1
+            if self._rows >= self.rows_per_file or self._bytes >= MAX_SHARD_BYTES:
+                self.cut()
+
+    def _to_arrow(self) -> None:
+        if self._pending:
+            table = to_parquet_rows(self.fmt, self._pending)
+            self._tables.append(table)
+            self._bytes += table.nbytes
+            self._pending = []
+
+    def cut(self) -> None:
+        """Write the current shard (if it holds rows) and start the next."""
+        self._to_arrow()
+        if not self._rows:
+            return
+        if self.file_type == "jsonl":
+            data = b"".join(self._lines)
+        else:
+            buf = io.BytesIO()
+            pq.write_table(pa.concat_tables(self._tables), buf, compression="zstd")
+            data = buf.getvalue()
+        name = f"part-{len(self.files):05d}.{self.file_type}"
+        write_bytes_atomic(self.out.join(name), data)
+        self.files.append({"name": name, "rows": self._rows, "bytes": len(data),
+                           "sha256": hashlib.sha256(data).hexdigest()})
+        self._lines, self._tables, self._rows, self._bytes = [], [], 0, 0
+
+
+# --- the export ----------------------------------------------------------------------
+
+def output_location(store: RunStore, out_uri: str) -> Location:
+    """Where to write; never into the run's own folders (their readers would see it)."""
+    try:
+        out = locate(out_uri, store.storage)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    if type(out.fs) is type(store.root.fs):
+        for folder in ("",) + RUN_FOLDERS:
+            inside = store.loc(folder).path.rstrip("/") if folder else store.root.path
+            if out.path == inside or (folder and out.path.startswith(inside + "/")):
+                raise ExportError(f"--out {out_uri} is the run's own {folder or 'prefix'}: "
+                                  f"write the export elsewhere (e.g. {store.uri}/exports/NAME)")
+    return out
+
+
+def _remove_stale(out: Location, keep: set[str]) -> None:
+    for info in list_files(out):
+        name = posixpath.basename(info.path)
+        if SHARD_NAME.match(name) and name not in keep:
+            out.fs.delete_file(info.path)
+
+
+def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters(),
+           file_type: str = "jsonl", rows_per_file: int = ROWS_PER_FILE,
+           force: bool = False) -> dict[str, Any]:
+    """Write the shards, then the manifest; returns the manifest."""
+    started = time.monotonic()
+    out = output_location(store, out_uri)
+    try:
+        check_not_running(store, force)
+    except FinalizeError:
+        raise ExportError(f"run {store.uri} is still running (progress.json status=running): "
+                          f"an export now would miss rows still being written. Wait for it "
+                          f"to finish; --force exports what is there.") from None
+    picks = pick_latest(store)
+    if picks.winners.empty:
+        raise ExportError(f"run {store.uri} has no rows in data/: nothing to export")
+    try:  # until the new manifest lands, the folder reads as incomplete
+        out.fs.delete_file(out.join(MANIFEST).path)
+    except FileNotFoundError:
+        pass
+    columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
+    writer, dropped = ShardWriter(out, fmt, file_type, rows_per_file), {}
+    for i, path in enumerate(picks.paths):
+        if i in picks.rows:
+            latest = store.read_part(path, columns).take(picks.rows[i])
+            kept = filters.apply(latest, dropped)
+            if fmt == "pretokenized" and file_type == "jsonl":
+                writer.add_lines(pretokenized_lines(kept))
+            else:
+                writer.add(RECORDS[fmt](row) for row in kept.to_pylist())
+    writer.cut()
+    _remove_stale(out, {f["name"] for f in writer.files})
+    elapsed = time.monotonic() - started
+    rows = sum(f["rows"] for f in writer.files)
+    manifest = {
+        "run": store.uri, "out": out.uri, "format": fmt, "file_type": file_type,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "rows": rows, "files": writer.files,
+        "data_rows": picks.data_rows, "keys": len(picks.winners),
+        "older_versions_skipped": picks.data_rows - len(picks.winners),
+        "dropped": {name: n for name, n in dropped.items()},
+        "filters": {**filters.__dict__, "categories": list(filters.categories)},
+        "elapsed_s": round(elapsed, 3), "rows_per_s": round(rows / max(elapsed, 1e-9), 1),
+    }
+    write_json_atomic(out.join(MANIFEST), manifest)
+    return manifest
+
+
+def render(m: dict[str, Any]) -> str:
+    dropped = ", ".join(f"{k} {v:,}" for k, v in m["dropped"].items() if v) or "none"
+    return "\n".join([
+        f"exported {m['rows']:,} rows ({m['format']}, {m['file_type']}) to {m['out']} in "
+        f"{len(m['files'])} file(s), {m['elapsed_s']:.1f} s ({m['rows_per_s']:,.0f} rows/s)",
+        f"  read:     {m['data_rows']:,} data rows, {m['keys']:,} keys "
+        f"(latest version each; {m['older_versions_skipped']:,} older versions skipped)",
+        f"  dropped:  {dropped}",
+        f"  manifest: {m['out']}/{MANIFEST}",
+    ])
+
+
+def add_export_args(parser: argparse.ArgumentParser) -> None:
+    """The export options (shared with `raygen export`)."""
+    parser.add_argument("--format", required=True, choices=FORMATS,
+                        help="record shape: pretokenized (input_ids + loss_mask), "
+                             "conversations (SpecForge/speculators), messages (HF/TRL)")
+    parser.add_argument("--out", required=True, metavar="URI",
+                        help="output folder: local path or s3://bucket/prefix")
+    parser.add_argument("--file-type", choices=FILE_TYPES, default="jsonl",
+                        help="shard files (default jsonl)")
+    parser.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE, metavar="N",
+                        help=f"rows per shard (default {ROWS_PER_FILE:,}; ~256 MiB at most)")
+    parser.add_argument("--include-truncated", action="store_true",
+                        help="keep rows cut at the budget (finish_reason=length); "
+                             "default: finished rows (stop) only")
+    parser.add_argument("--require-finished-thinking", action="store_true",
+                        help="drop rows that never reached </think>")
+    parser.add_argument("--max-repetition-ratio", type=float, default=None, metavar="R",
+                        help="drop rows whose repeated-4-gram share exceeds R (0..1)")
+    parser.add_argument("--max-length", type=int, default=None, metavar="N",
+                        help="drop rows longer than N tokens (prompt + output)")
+    parser.add_argument("--category", action="append", default=[], metavar="C",
+                        help="keep only this category (repeat for several)")
+    parser.add_argument("--force", action="store_true",
+                        help="export even though progress.json says the run is running")
+
+
+def filters_from_args(args: argparse.Namespace) -> Filters:
+    from jobs.analysis.run_cli import fail
+    if args.rows_per_file < 1:
+        fail("--rows-per-file must be >= 1")
+    if args.max_repetition_ratio is not None and not 0 <= args.max_repetition_ratio <= 1:
+        fail(f"--max-repetition-ratio must be within 0..1, got {args.max_repetition_ratio}")
+    if args.max_length is not None and args.max_length < 1:
+        fail(f"--max-length must be >= 1, got {args.max_length}")
+    return Filters(include_truncated=args.include_truncated,
+                   require_finished_thinking=args.require_finished_thinking,
+                   max_repetition_ratio=args.max_repetition_ratio, max_length=args.max_length,
+                   categories=tuple(args.category))
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Export from parsed arguments (run, config and the export options)."""
+    from jobs.analysis.run_cli import fail, open_run, require_run
+    filters = filters_from_args(args)
+    store = open_run(args.run, args.config)
+    require_run(store)
+    try:
+        manifest = export(store, args.out, args.format, filters, args.file_type,
+                          args.rows_per_file, args.force)
+    except ExportError as exc:
+        fail(str(exc))
+    except OSError as exc:  # unreachable endpoint, no bucket, no permission
+        fail(f"export of {store.uri} to {args.out} failed: {' '.join(str(exc).split())}")
+    print(render(manifest))
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from jobs.analysis.run_cli import add_run_args
+    parser = argparse.ArgumentParser(
+        prog="python -m jobs.analysis.export", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Export a run's latest rows as drafter training data (JSONL/Parquet "
+                    "shards + export.manifest).",
+        epilog="example:\n  python -m jobs.analysis.export s3://bucket/runs/demo --format pretokenized "
+               "--out s3://bucket/exports/demo-pretok --config jobs/configs/demo.yaml")
+    add_run_args(parser)
+    add_export_args(parser)
+    return run_export(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""End-of-run report: what the run's files say about its outputs, and what a cap change would do.
+
+    python -m jobs.analysis.report <run> [--config FILE] [--what-if 5120,6144,8192,16384]
+
+Design decisions:
+- Every figure is computed over the latest version per key, the row's current state:
+  a continued row counts once, with its cumulative tokens and last finish reason.
+  Only the few scalar columns are read, never token ids or text, so a 900K-row run
+  fits in memory.
+- The same summary is computed overall, per category and per prompt-length bin by
+  one function (group_stats), so the three tables can never disagree in definition.
+- "Truncated" means finish_reason == "length" (cut at the row's budget); split into
+  cut while thinking (no </think> yet: no answer at all) and cut in the answer.
+  Failures count only open ones (keys in failures/ without a row in data/).
+- The what-if section is jobs.analysis.forecast: truncated rows are censored observations, so
+  the fraction at another cap is a model estimate with a range; extrapolations above
+  the observed cap are marked as such.
+- Files go to the run prefix (report.json, report.md, report_lengths.png) with atomic
+  writes, so a report is either the old one or the new one, never half of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import io
+import math
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from jobs.analysis.forecast import forecast_report, latest_per_key
+from jobs.io.run_store import RunStore
+from jobs.io.storage import write_bytes_atomic, write_json_atomic
+
+DEGENERATE_REPETITION = 0.5   # share of repeated 4-grams above which an output is a loop
+PROMPT_BINS = [(0, 256, "<256"), (256, 1024, "256-1K"), (1024, 4096, "1K-4K"),
+               (4096, math.inf, ">=4K")]
+MD_MAX_CATEGORIES = 30        # markdown table rows; report.json keeps every category
+REPORT_COLUMNS = [
+    "key", "version", "category", "finish_reason", "finished_thinking", "prompt_tokens",
+    "completion_tokens", "reasoning_tokens", "max_new_tokens", "effective_max_new_tokens",
+    "budget_clamped_by", "continuations", "spec_verify_ct", "repetition_ratio",
+    "settings_hash", "created_at"]
+
+
+# --- figures ----------------------------------------------------------------------------
+
+def load_latest(store: RunStore) -> tuple[pd.DataFrame, int]:
+    """(one row per key with its latest version, number of data rows of all versions)."""
+    table = store.read_kind("data", REPORT_COLUMNS)
+    df = table.to_pandas()
+    total = len(df)
+    df = latest_per_key(df).reset_index(drop=True)
+    df["category"] = df["category"].fillna("none").astype(str)
+    return df, total
+
+
+def _num(x: Any, nd: int = 4) -> Optional[float]:
+    """A JSON-safe float (None for NaN/missing)."""
+    if x is None:
+        return None
+    x = float(x)
+    return None if not math.isfinite(x) else round(x, nd)
+
+
+def length_stats(tokens: pd.Series) -> dict[str, Any]:
+    t = tokens.astype(float)
+    if t.empty:
+        return {k: None for k in ("mean", "median", "p90", "p99", "max", "total")}
+    return {"mean": _num(t.mean()), "median": _num(t.median()), "p90": _num(t.quantile(0.9)),
+            "p99": _num(t.quantile(0.99)), "max": int(t.max()), "total": int(t.sum())}
+
+
+def group_stats(df: pd.DataFrame) -> dict[str, Any]:
+    """The summary of one set of rows (overall, a category or a prompt bin)."""
+    n = len(df)
+    finish = df["finish_reason"].fillna("unknown")
+    counts = finish.value_counts()
+    cut = finish == "length"
+    done_thinking = df["finished_thinking"].fillna(False).astype(bool)
+    ct = df["completion_tokens"].astype(float)
+    spec = df["spec_verify_ct"].astype(float)
+    has_spec = spec.notna() & (spec > 0)
+    pct = (lambda c: _num(100.0 * c / n)) if n else (lambda c: None)
+    return {
+        "rows": n,
+        "output_tokens": length_stats(df["completion_tokens"]),
+        "finish_reasons": {str(r): {"rows": int(c), "pct": pct(c)} for r, c in counts.items()},
+        "truncated": int(cut.sum()), "truncated_pct": pct(cut.sum()),
+        "clean_stop_pct": pct((finish == "stop").sum()),
+        "mean_reasoning_tokens": _num(df["reasoning_tokens"].astype(float).mean(), 2),
+        "mean_answer_tokens": _num((ct - df["reasoning_tokens"].astype(float)).mean(), 2),
+        "truncated_while_thinking": int((cut & ~done_thinking).sum()),
+        "truncated_in_answer": int((cut & done_thinking).sum()),
+        "degenerate": int((df["repetition_ratio"].astype(float) > DEGENERATE_REPETITION).sum()),
+        "accept_length": (_num(ct[has_spec].sum() / spec[has_spec].sum())
+                          if has_spec.any() else None),
+        "continued_rows": int((df["continuations"].fillna(0) > 0).sum()),
+        "continuations": int(df["continuations"].fillna(0).sum()),
+    }
+
+
+def prompt_bin(prompt_tokens: pd.Series) -> pd.Series:
+    edges = [lo for lo, _, _ in PROMPT_BINS] + [math.inf]
+    labels = [label for _, _, label in PROMPT_BINS]
+    return pd.cut(prompt_tokens.fillna(0).astype(float), edges, right=False, labels=labels)
+
+
+def breakdown(df: pd.DataFrame, by: pd.Series, order: Optional[list] = None) -> dict:
+    names = order if order is not None else sorted(by.dropna().unique(), key=str)
+    return {str(name): group_stats(df[by == name]) for name in names
+            if (by == name).any()}
+
+
+def _budgets(df: pd.DataFrame) -> dict[str, Any]:
+    caps = df["max_new_tokens"].dropna().astype(int).value_counts().sort_index()
+    clamped = df["budget_clamped_by"].fillna("")
+    return {
+        "caps": [{"max_new_tokens": int(c), "rows": int(n)} for c, n in caps.items()],
+        "clamped": {str(k): int(v) for k, v in clamped[clamped != ""].value_counts().items()},
+        "settings_hashes": {str(k): int(v)
+                            for k, v in df["settings_hash"].value_counts().items()},
+    }
+
+
+def failure_stats(store: RunStore, done: set) -> dict[str, Any]:
+    """Open failures (no data row for the key) by error class, one per key (its latest)."""
+    f = store.read_kind("failures", ["key", "error_class", "failed_at"]).to_pandas()
+    f = f[~f["key"].isin(done)].sort_values(["key", "failed_at"], kind="stable")
+    f = f.drop_duplicates("key", keep="last")
+    by = f["error_class"].fillna("unknown").value_counts()
+    return {"open": len(f), "by_error_class": {str(k): int(v) for k, v in by.items()}}
+
+
+def reject_stats(store: RunStore) -> dict[str, Any]:
+    """Rejected input rows (one per source line) by reason class, with an example each."""
+    from jobs.pipeline.rows import reject_reason_class
+    r = store.read_kind("rejects", ["source", "line", "reason"]).to_pandas()
+    r = r.drop_duplicates(["source", "line"], keep="last")
+    r["class"] = r["reason"].fillna("").map(reject_reason_class)
+    out = {}
+    for name, group in r.groupby("class", sort=True):
+        out[str(name)] = {"rows": len(group), "example": str(group["reason"].iloc[0])[:200]}
+    return {"total": len(r), "by_reason": out}
+
+
+def build_report(store: RunStore, caps: Optional[Sequence[int]] = None) -> dict[str, Any]:
+    """Every figure of the report as a JSON-safe dict (see the module docstring)."""
+    df, data_rows = load_latest(store)
+    return assemble(store, df, data_rows, caps)
+
+
+def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
+             caps: Optional[Sequence[int]] = None) -> dict[str, Any]:
+    progress = store.read_json("progress.json") or {}
+    fc = forecast_report(df, caps)
+    return {
+        "run": store.uri,
+        "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "status": progress.get("status"),
+        "keys": len(df), "data_rows_all_versions": data_rows,
+        "degenerate_threshold": DEGENERATE_REPETITION,
+        "budgets": _budgets(df), "current_cap": fc["current_cap"],
+        "overall": group_stats(df),
+        "by_category": breakdown(df, df["category"]),
+        "by_prompt_bin": breakdown(df, prompt_bin(df["prompt_tokens"]).astype(object),
+                                   [label for _, _, label in PROMPT_BINS]),
+        "failures": failure_stats(store, set(df["key"])),
+        "rejects": reject_stats(store),
+        "forecast": fc,
+    }
+
+
+# --- rendering --------------------------------------------------------------------------
+
+def _fmt(x: Any, nd: int = 1, suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if isinstance(x, (int, np.integer)):
+        return f"{x:,}{suffix}"
+    return f"{x:,.{nd}f}{suffix}"
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+LABELS = {"stop": "stop", "length": "length (truncated)", "abort": "abort"}
+GROUP_HEADERS = ["", "rows", "mean", "median", "p90", "p99", "max", "truncated %", "stop %",
+                 "cut thinking", "cut answer", "degenerate", "accept len", "continued"]
+
+
+def _group_row(name: str, g: dict[str, Any]) -> list[str]:
+    o = g["output_tokens"]
+    return [name, _fmt(g["rows"]), _fmt(o["mean"]), _fmt(o["median"]), _fmt(o["p90"]),
+            _fmt(o["p99"]), _fmt(o["max"]), _fmt(g["truncated_pct"], 1, "%"),
+            _fmt(g["clean_stop_pct"], 1, "%"), _fmt(g["truncated_while_thinking"]),
+            _fmt(g["truncated_in_answer"]), _fmt(g["degenerate"]),
+            _fmt(g["accept_length"], 2), _fmt(g["continued_rows"])]
+
+
+def _forecast_md(fc: dict[str, Any]) -> list[str]:
+    lines = [f"## What-if: other caps (current cap {fc['current_cap']})", ""]
+    if not fc["rows"]:
+        return lines + [f"- {n}" for n in fc["notes"]] + [""]
+    rows = []
+    for r in fc["rows"]:
+        rows.append([
+            f"{r['cap']:,}", _share(r["truncated_fraction"], r["truncated_lo"],
+                                    r["truncated_hi"]),
+            _share(r["km_truncated_fraction"], r["km_lo"], r["km_hi"]),
+            f"{_fmt(r['mean_tokens'], 0)} ({_fmt(r['mean_tokens_lo'], 0)}-"
+            f"{_fmt(r['mean_tokens_hi'], 0)})", _fmt(r["relative_gpu_time"], 2, "x"),
+            "extrapolated" if r["extrapolated"] else "observed range"])
+    lines += _table(["cap", "truncated % (90% range)", "Kaplan-Meier %",
+                     "mean output tok (range)", "GPU time vs now", ""], rows)
+    return lines + [f"- {n}" for n in fc["notes"]] + [""]
+
+
+def _pct(x: Optional[float]) -> str:
+    """A fraction as a percentage with enough digits for small tails."""
+    if x is None:
+        return "-"
+    p = 100.0 * x
+    if p == 0 or p >= 1:
+        return f"{p:.1f}"
+    return f"{p:.2f}" if p >= 0.01 else "<0.01"
+
+
+def _share(x: Optional[float], lo: Optional[float], hi: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return f"{_pct(x)}%" + (f" ({_pct(lo)}-{_pct(hi)})" if lo is not None else "")
+
+
+def render_markdown(rep: dict[str, Any]) -> str:
+    o = rep["overall"]
+    caps = ", ".join(f"{c['max_new_tokens']:,} ({c['rows']:,} rows)"
+                     for c in rep["budgets"]["caps"]) or "-"
+    lines = [f"# Run report: {rep['run']}", "",
+             f"Generated {rep['generated_at']}; run status: {rep['status'] or 'unknown'}. "
+             f"{rep['keys']:,} prompts with a result ({rep['data_rows_all_versions']:,} data "
+             f"rows incl. earlier versions). Budget (max_new_tokens): {caps}.", "",
+             "## Overall", ""]
+    lines += _table(GROUP_HEADERS, [_group_row("all", o)])
+    lines += _table(["finish reason", "rows", "%"],
+                    [[k, _fmt(v["rows"]), _fmt(v["pct"], 1, "%")]
+                     for k, v in o["finish_reasons"].items()])
+    lines += [f"- Mean reasoning tokens {_fmt(o['mean_reasoning_tokens'])}, mean answer tokens "
+              f"{_fmt(o['mean_answer_tokens'])}.",
+              f"- Truncated {_fmt(o['truncated'])}: {_fmt(o['truncated_while_thinking'])} while "
+              f"thinking (no answer), {_fmt(o['truncated_in_answer'])} in the answer.",
+              f"- Degenerate (repetition ratio > {rep['degenerate_threshold']}): "
+              f"{_fmt(o['degenerate'])}. Accept length: {_fmt(o['accept_length'], 2)}. "
+              f"Continued rows: {_fmt(o['continued_rows'])} ({_fmt(o['continuations'])} "
+              f"continuations).", ""]
+    cats = sorted(rep["by_category"].items(), key=lambda kv: -kv[1]["rows"])
+    lines += ["## By category", ""]
+    lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in cats[:MD_MAX_CATEGORIES]])
+    if len(cats) > MD_MAX_CATEGORIES:
+        lines += [f"({len(cats) - MD_MAX_CATEGORIES} smaller categories in report.json)", ""]
+    lines += ["## By prompt length (tokens)", ""]
+    lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in rep["by_prompt_bin"].items()])
+    lines += _problems_md(rep) + _forecast_md(rep["forecast"])
+    return "\n".join(lines)
+
+
+def _problems_md(rep: dict[str, Any]) -> list[str]:
+    f, r = rep["failures"], rep["rejects"]
+    lines = [f"## Failures ({f['open']:,} open) and rejects ({r['total']:,})", ""]
+    if f["by_error_class"]:
+        lines += _table(["error class", "open failures"],
+                        [[k, _fmt(v)] for k, v in f["by_error_class"].items()])
+    if r["by_reason"]:
+        lines += _table(["reject reason", "rows", "example"],
+                        [[k, _fmt(v["rows"]), v["example"].replace("|", "/")]
+                         for k, v in r["by_reason"].items()])
+    return lines
+
+
+def lengths_png(df: pd.DataFrame, caps: Sequence[int]) -> bytes:
+    """Histogram of output lengths (latest versions) by finish reason, caps marked."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state (Agg)
+
+    fig = Figure(figsize=(9, 4.5), dpi=110)
+    ax = fig.add_subplot()
+    if df.empty:
+        ax.text(0.5, 0.5, "no rows yet", ha="center", transform=ax.transAxes)
+    else:
+        top = max(float(df["completion_tokens"].max()), *(float(c) for c in caps)) * 1.03
+        # Bins end at the smallest cap (+0.5), so the truncated pile is its own bar.
+        base = min(caps) if caps else top
+        width = base / max(1, round(base / (top / 80)))
+        bins = 0.5 + width * np.arange(-1, math.ceil(top / width) + 1)
+        parts = [(r, df.loc[df["finish_reason"] == r, "completion_tokens"])
+                 for r in ("stop", "length", "abort")]
+        parts = [(r, x) for r, x in parts if len(x)]
+        ax.hist([x for _, x in parts], bins=bins, stacked=True,
+                label=[f"{LABELS[r]} ({len(x):,})" for r, x in parts])
+        for cap in caps:
+            ax.axvline(cap, color="crimson", linestyle="--", linewidth=1)
+            ax.annotate(f"cap {cap:,}", (cap, 1), xycoords=("data", "axes fraction"),
+                        ha="right", va="top", rotation=90, fontsize=8, color="crimson")
+        cut = (df["finish_reason"] == "length").mean()
+        ax.set_title(f"{len(df):,} rows, {100 * cut:.1f}% truncated at the cap")
+        ax.legend()
+    ax.set_xlabel("output tokens (completion_tokens, latest version)")
+    ax.set_ylabel("rows")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def write_report(store: RunStore, report: dict[str, Any],
+                 df: Optional[pd.DataFrame] = None) -> list[str]:
+    """report.json, report.md, report_lengths.png into the run prefix; returns their URIs.
+
+    df: the latest rows when the caller has them (saves reading data/ again).
+    """
+    df = load_latest(store)[0] if df is None else df
+    caps = [c["max_new_tokens"] for c in report["budgets"]["caps"]]
+    md = render_markdown(report)
+    write_json_atomic(store.loc("report.json"), report)
+    write_bytes_atomic(store.loc("report.md"), (md + "\n").encode())
+    write_bytes_atomic(store.loc("report_lengths.png"), lengths_png(df, caps))
+    return [store.loc(name).uri for name in ("report.json", "report.md", "report_lengths.png")]
+
+
+def report_and_write(store: RunStore, caps: Optional[Sequence[int]] = None) -> dict[str, Any]:
+    """Build and write the report (the job calls this at the end of every run)."""
+    df, data_rows = load_latest(store)
+    report = assemble(store, df, data_rows, caps)
+    write_report(store, report, df)
+    return report
+
+
+def parse_caps(text: Optional[str]) -> Optional[list[int]]:
+    if not text:
+        return None
+    try:
+        caps = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--what-if expects token counts like 5120,6144,8192, got {text!r}") from None
+    if not caps or min(caps) <= 0:
+        raise argparse.ArgumentTypeError(f"--what-if caps must be positive, got {text!r}")
+    return caps
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from jobs.analysis.run_cli import add_run_args, fail, open_run, require_run
+    parser = argparse.ArgumentParser(prog="python -m jobs.analysis.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(parser)
+    parser.add_argument("--what-if", type=parse_caps, default=None, metavar="CAPS",
+                        help="comma-separated caps to forecast, e.g. 5120,6144,8192,16384")
+    args = parser.parse_args(argv)
+    store = open_run(args.run, args.config)
+    require_run(store)
+    df, data_rows = load_latest(store)
+    if df.empty:
+        fail(f"run {store.uri} has no completed rows yet: nothing to report")
+    report = assemble(store, df, data_rows, args.what_if)
+    print(render_markdown(report))
+    for uri in write_report(store, report, df):
+        print(f"wrote {uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

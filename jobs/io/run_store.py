@@ -1,0 +1,171 @@
+"""A run's prefix on storage, the single source of truth about the run.
+
+    <output>/<run>/data/part-*.parquet      completions (every version of a row)
+    <output>/<run>/failures/part-*.parquet  rows that failed after retries
+    <output>/<run>/rejects/part-*.parquet   invalid input rows, with line and reason
+    <output>/<run>/progress.json            counts derived from the files above
+    <output>/<run>/report.{md,json,png}     end-of-run report
+    <output>/<run>/final/                   one row per prompt + manifest (finalize)
+    <output>/<run>/quarantine/<kind>/       damaged parts moved aside, each with a
+                                            <part>.reason.json saying why
+
+Files are immutable and atomically written; names are hashes of their row keys, so a
+retried write replaces itself instead of duplicating rows. Readers never trust any
+other index: resume, progress and reports all read these files.
+
+A part that cannot be read (garbage, truncated, wrong schema) must not brick the run:
+``read_part`` moves it to quarantine/ with the reason and reads it as no rows, so every
+reader (resume, progress, report, finalize, export) goes on and the next run
+regenerates those rows. Storage errors (network, permissions) are not damage and
+propagate: only a part whose bytes were read and found bad is moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import posixpath
+import time
+from typing import Iterable, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.config import StorageConfig
+from jobs.io.schema import KINDS, LATER_COLUMNS
+from jobs.io.storage import (Location, is_local, list_files, locate, put_verified, read_json,
+                          write_json_atomic)
+
+logger = logging.getLogger("raygen")
+QUARANTINE = "quarantine"
+WRITE_ATTEMPTS = 3
+# What pyarrow raises for bytes that are not a readable Parquet file of our schema.
+_DAMAGE = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+
+
+class DamagedPart(ValueError):
+    """A part's bytes are not a readable part of its kind."""
+
+
+def part_name(row_ids: Iterable[str]) -> str:
+    digest = hashlib.sha256("\n".join(sorted(row_ids)).encode()).hexdigest()[:24]
+    return f"part-{digest}.parquet"
+
+
+class RunStore:
+    def __init__(self, run_uri: str, storage: StorageConfig):
+        self.storage = storage
+        self.root: Location = locate(run_uri, storage)
+        # Canonical URI: workers run elsewhere, so never a relative local path.
+        self.uri = run_uri if run_uri.startswith("s3://") else self.root.path
+
+    @classmethod
+    def for_run(cls, output: str, run_name: str, storage: StorageConfig) -> "RunStore":
+        return cls(output.rstrip("/") + "/" + run_name, storage)
+
+    def loc(self, *parts: str) -> Location:
+        return self.root.join(*parts)
+
+    def write_part(self, kind: str, table: pa.Table, row_ids: Iterable[str]) -> str:
+        """Write one immutable part file and read it back; returns its name. The rows
+        count as done only once the stored part's footer and row count check out: a
+        damaged upload is rewritten (same name), and after WRITE_ATTEMPTS it raises."""
+        table = table.select(KINDS[kind].names).cast(KINDS[kind])
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        name = part_name(row_ids)
+        loc = self.loc(kind, name)
+        problem = ""
+        for _ in range(WRITE_ATTEMPTS):
+            put_verified(loc, buf.getvalue(), self.storage)
+            problem = self.verify_part(loc.path, kind, table.num_rows)
+            if not problem:
+                return name
+            logger.warning("part %s read back damaged (%s): rewriting it", loc.uri, problem)
+        raise DamagedPart(f"part {loc.uri} still damaged after {WRITE_ATTEMPTS} writes: "
+                          f"{problem}")
+
+    def verify_part(self, path: str, kind: str, rows: int) -> str:
+        """"" if the stored part reads back whole with ``rows`` rows, else the problem."""
+        try:
+            got = self.load_part(path, kind, ["key"] if kind != "rejects" else ["line"])
+        except FileNotFoundError:  # a reader quarantined a damaged first upload meanwhile
+            return "not found"
+        except (DamagedPart, *_DAMAGE) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "" if got.num_rows == rows else f"{got.num_rows} rows stored, {rows} written"
+
+    def part_paths(self, kind: str) -> list[str]:
+        return [info.path for info in list_files(self.loc(kind), ".parquet")]
+
+    def read_part(self, path: str, columns: Optional[list[str]] = None) -> pa.Table:
+        """The part's rows (``columns`` of its kind's schema); a damaged part is moved
+        to quarantine/ and reads as no rows."""
+        kind = posixpath.basename(posixpath.dirname(path))
+        try:
+            return self.load_part(path, kind, columns)
+        except FileNotFoundError:  # another reader quarantined it a moment ago
+            return _empty(kind, columns)
+        except (DamagedPart, *_DAMAGE) as exc:
+            self.quarantine(path, f"{type(exc).__name__}: {exc}")
+            return _empty(kind, columns)
+
+    def load_part(self, path: str, kind: str,
+                  columns: Optional[list[str]] = None) -> pa.Table:
+        """Read and check one part; raises DamagedPart (or pyarrow's error) if bad."""
+        schema = KINDS.get(kind)
+        with self.root.fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            wanted = columns or (schema.names if schema else pf.schema_arrow.names)
+            missing = [c for c in wanted if c not in pf.schema_arrow.names]
+            if set(missing) - LATER_COLUMNS:
+                raise DamagedPart(f"wrong schema: no column(s) {', '.join(missing)}")
+            table = pf.read(columns=[c for c in wanted if c not in missing])
+            if table.num_rows != pf.metadata.num_rows:
+                raise DamagedPart(f"read {table.num_rows} rows, footer says "
+                                  f"{pf.metadata.num_rows}")
+        if schema is None:
+            return table
+        for c in missing:  # written before the column existed: nulls, in schema order
+            table = table.append_column(schema.field(c), pa.nulls(table.num_rows,
+                                                                  schema.field(c).type))
+        table = table.select(wanted)
+        try:
+            return table.cast(pa.schema([schema.field(c) for c in wanted]))
+        except _DAMAGE as exc:
+            raise DamagedPart(f"wrong schema: {exc}") from exc
+
+    def quarantine(self, path: str, reason: str) -> None:
+        """Move a damaged part to quarantine/<kind>/ beside a .reason.json."""
+        kind, name = posixpath.split(posixpath.relpath(path, self.root.path))
+        dest = self.loc(QUARANTINE, kind, name)
+        logger.warning("quarantining damaged part %s (%s): its rows count as not done "
+                       "and are regenerated by the next run", path, reason)
+        if is_local(dest):
+            dest.fs.create_dir(posixpath.dirname(dest.path), recursive=True)
+        try:
+            self.root.fs.move(path, dest.path)  # S3: copy + delete
+        except FileNotFoundError:
+            return  # another reader moved it first
+        write_json_atomic(self.loc(QUARANTINE, kind, name + ".reason.json"),
+                          {"part": f"{kind}/{name}", "reason": reason,
+                           "quarantined_at": time.time()})
+
+    def quarantined(self) -> list[str]:
+        """Quarantined parts, as <kind>/<name>."""
+        return [posixpath.relpath(info.path, self.loc(QUARANTINE).path)
+                for kind in KINDS for info in list_files(self.loc(QUARANTINE, kind), ".parquet")]
+
+    def read_kind(self, kind: str, columns: Optional[list[str]] = None) -> pa.Table:
+        tables = [self.read_part(p, columns) for p in self.part_paths(kind)]
+        return pa.concat_tables(tables) if tables else _empty(kind, columns)
+
+    def read_json(self, name: str):
+        return read_json(self.loc(name))
+
+
+def _empty(kind: str, columns: Optional[list[str]]) -> pa.Table:
+    schema = KINDS[kind]
+    return schema.empty_table() if columns is None else pa.schema(
+        [schema.field(c) for c in columns]).empty_table()

@@ -1,0 +1,131 @@
+"""Read prompt files as raw lines with their line numbers (stage 1 of the job).
+
+Row contract out: ``source`` (file URI), ``line`` (1-based line in a JSONL file or
+row number in a Parquet file), ``ordinal`` (the row's place in input order: file index
+in ``job.input``, then line; see ``ordinal_of``), ``raw`` (the line's text / the row
+as JSON).
+Parsing is left to validation so a malformed line becomes a reject naming its line
+instead of failing the read. One read task per file, streamed in small blocks, so
+memory stays flat however large the file.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from jobs.io.storage import Location
+
+PARQUET_BATCH_ROWS = 1024
+READ_CHUNK_BYTES = 1 << 20
+RAW_SCHEMA = pa.schema([("source", pa.string()), ("line", pa.int64()),
+                        ("ordinal", pa.int64()), ("raw", pa.string())])
+ORDINAL_SHIFT = 40  # lines per file < 2**40; files < 2**23
+
+
+def ordinal_of(file_index: int, line: int) -> int:
+    """One int64 that sorts rows in input order: job.input file order, then line."""
+    return (file_index << ORDINAL_SHIFT) | line
+
+
+def place_of_ordinal(files: list[str], ordinal: int) -> str:
+    return f"{files[ordinal >> ORDINAL_SHIFT]}:{ordinal & ((1 << ORDINAL_SHIFT) - 1)}"
+
+
+def _is_parquet(loc: Location) -> bool:
+    return loc.path.endswith(".parquet")
+
+
+def iter_jsonl_lines(loc: Location, hasher: Any = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every non-blank line, reading 1 MiB at a time.
+
+    ``hasher`` (a hashlib object) is fed every byte read: the file's content hash
+    comes from the same pass."""
+    number, rest = 0, b""
+    with loc.fs.open_input_stream(loc.path) as stream:
+        while True:
+            chunk = stream.read(READ_CHUNK_BYTES)
+            if not chunk:
+                break
+            if hasher is not None:
+                hasher.update(chunk)
+            *lines, rest = (rest + chunk).split(b"\n")
+            for raw in lines:
+                number += 1
+                if raw.strip():
+                    yield number, raw.decode("utf-8", errors="replace")
+    if rest.strip():
+        yield number + 1, rest.decode("utf-8", errors="replace")
+
+
+def iter_parquet_rows(loc: Location, hasher: Any = None) -> Iterator[tuple[int, str]]:
+    """(row number, row as JSON); ``hasher`` is fed each row's JSON (the content hash)."""
+    number = 0
+    with loc.fs.open_input_file(loc.path) as f:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                number += 1
+                raw = json.dumps(row, ensure_ascii=False, default=str)
+                if hasher is not None:
+                    hasher.update(raw.encode() + b"\n")
+                yield number, raw
+
+
+def iter_rows(loc: Location, hasher: Any = None) -> Iterator[tuple[int, str]]:
+    return (iter_parquet_rows if _is_parquet(loc) else iter_jsonl_lines)(loc, hasher)
+
+
+def _table(loc: Location, file_index: int, lines: list[int], raws: list[str]) -> pa.Table:
+    return pa.table({"source": [loc.uri] * len(lines), "line": lines,
+                     "ordinal": [ordinal_of(file_index, n) for n in lines], "raw": raws},
+                    schema=RAW_SCHEMA)
+
+
+def _blocks(loc: Location, file_index: int, limit: Optional[int],
+            block_rows: int) -> Iterator[pa.Table]:
+    lines, raws = [], []
+    for count, (number, raw) in enumerate(iter_rows(loc), start=1):
+        lines.append(number)
+        raws.append(raw)
+        if len(lines) >= block_rows:
+            yield _table(loc, file_index, lines, raws)
+            lines, raws = [], []
+        if limit is not None and count >= limit:
+            break
+    if lines:
+        yield _table(loc, file_index, lines, raws)
+
+
+def count_rows(loc: Location) -> int:
+    """Input rows in a file (blank lines excluded), for the progress total."""
+    if _is_parquet(loc):
+        with loc.fs.open_input_file(loc.path) as f:
+            return pq.ParquetFile(f).metadata.num_rows
+    return sum(1 for _ in iter_jsonl_lines(loc))
+
+
+class PromptFiles(Datasource):
+    """Ray Data source: one read task per prompt file."""
+
+    def __init__(self, files: list[Location], limit: Optional[int], block_rows: int):
+        # Blocks of one generate batch: a generate task then holds one batch, and
+        # finished rows reach the writer without waiting for a 1,000-row block.
+        self.files, self.limit, self.block_rows = files, limit, block_rows
+
+    def estimate_inmemory_data_size(self) -> Optional[int]:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: Optional[int] = None,
+                       data_context=None) -> list[ReadTask]:
+        tasks = []
+        for index, loc in enumerate(self.files):
+            meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
+                                 input_files=(loc.uri,))
+            tasks.append(ReadTask(lambda loc=loc, index=index: _blocks(
+                loc, index, self.limit, self.block_rows), meta, schema=RAW_SCHEMA))
+        return tasks

@@ -1,0 +1,364 @@
+"""Admission: which input rows this run still has to generate (stage 3 of the job).
+
+One streaming pass by the driver, before any engine work, decides every row's fate
+as a pure function of the input files and the run's own files, so whatever Ray
+re-executes later (read, validate, admit, generate or write tasks) a row gets the same
+verdict the second time:
+
+- invalid rows and later occurrences of a key are rejects, final here: the driver
+  writes the new ones to rejects/ (identified by content, ``reject_id``, never by line);
+- of the valid rows, the FIRST occurrence of each key in input order (``job.input``
+  file order, then line) is the one that counts; it goes on unless data/ already holds
+  its key, or failures/ does (then only ``--retry-failed`` sends it);
+- the result is an :class:`AdmissionTable` (sorted 8-byte key digests + the ordinal of
+  the chosen occurrence), put in the object store once; the Ray Data admit stage
+  (:func:`admit_batch`) is a stateless filter over it. No actor, nothing counted twice,
+  nothing to lose when a worker dies.
+
+Digests are the first 8 bytes of blake2b(key): 16 bytes of table per admitted key. Two
+different keys share a digest with probability ~n^2/2^65 (3e-6 at 10M keys); the later
+one would then be rejected as a duplicate naming the other's line, never lost silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from jobs.io.schema import REJECTS
+from jobs.io.sources import ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
+from jobs.io.storage import Location
+from jobs.pipeline.validate import RowError, parse_row
+
+logger = logging.getLogger("raygen")
+CHUNK_ROWS = 16384          # rows checked against the seen keys at a time
+REJECT_PART_ROWS = 2000     # rejects per part file the driver writes
+EXAMPLES = 5
+RAW_KEPT = 2000             # characters of a rejected line kept in rejects/
+
+
+def key_digest(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+def digests_of(keys: Iterable[Optional[str]]) -> np.ndarray:
+    """uint64 digests of keys (a None key gets digest 0, which no real key is checked for)."""
+    return np.fromiter((key_digest(k) if k is not None else 0 for k in keys), np.uint64)
+
+
+def sorted_contains(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found mask, position) of each needle in a sorted array."""
+    if not len(haystack):
+        return np.zeros(len(needles), bool), np.zeros(len(needles), np.int64)
+    pos = np.minimum(np.searchsorted(haystack, needles), len(haystack) - 1)
+    return haystack[pos] == needles, pos
+
+
+@dataclass
+class AdmissionTable:
+    """The rows to generate: sorted key digests and the ordinal of each key's chosen row."""
+
+    digests: np.ndarray   # uint64, sorted, unique
+    ordinals: np.ndarray  # int64, aligned with digests
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.digests.nbytes + self.ordinals.nbytes)
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def admits(self, digests: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+        if not len(self.digests):  # a resume with nothing left to do
+            return np.zeros(len(digests), bool)
+        found, pos = sorted_contains(self.digests, digests)
+        return found & (self.ordinals[pos] == ordinals)
+
+
+class SeenKeys:
+    """First occurrence of every valid key so far: digest, ordinal, occurrence count.
+
+    Kept as a few sorted runs whose sizes at least double from newest to oldest (merged
+    like a binary counter), so adding n keys in chunks costs O(n log n) in total, not
+    the O(n^2) of inserting every chunk into one sorted array (157 s at 10M keys)."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(d.nbytes + o.nbytes + c.nbytes for d, o, c in self.runs))
+
+    def contains(self, digests: np.ndarray) -> np.ndarray:
+        found = np.zeros(len(digests), bool)
+        for run, _, _ in self.runs:
+            found |= sorted_contains(run, digests)[0]
+        return found
+
+    def add_new(self, digests: np.ndarray, ordinals: np.ndarray) -> None:
+        """Add keys not seen before (unique, any order)."""
+        run = _sorted_run(digests, ordinals, np.ones(len(digests), np.uint32))
+        while self.runs and len(self.runs[-1][0]) <= 2 * len(run[0]):
+            older = self.runs.pop()
+            run = _sorted_run(*(np.concatenate([a, b]) for a, b in zip(older, run)))
+        self.runs.append(run)
+
+    def bump(self, digest: int) -> tuple[int, int]:
+        """Count one more occurrence of a seen key: (its rank, first ordinal)."""
+        needle = np.array([digest], np.uint64)
+        for run, ordinals, counts in self.runs:
+            found, pos = sorted_contains(run, needle)
+            if found[0]:
+                counts[pos[0]] += 1
+                return int(counts[pos[0]]), int(ordinals[pos[0]])
+        raise KeyError(digest)
+
+    def merged(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted digests, their first ordinals) of every key seen."""
+        if not self.runs:
+            return np.empty(0, np.uint64), np.empty(0, np.int64)
+        digests, ordinals, _ = _sorted_run(*(np.concatenate(cols) for cols in zip(*self.runs)))
+        return digests, ordinals
+
+
+def _sorted_run(digests: np.ndarray, ordinals: np.ndarray,
+                counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.argsort(digests, kind="stable")  # radix sort for uint64: O(n)
+    return digests[order], ordinals[order], counts[order]
+
+
+@dataclass
+class PriorRun:
+    """What the run's files already hold, as digests (bytes per key, not strings)."""
+
+    done: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    done_prompt: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    failed: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))  # open ones
+    reject_ids: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, done: dict[str, Optional[str]], failed: Iterable[str],
+           reject_ids: Iterable[str]) -> "PriorRun":
+        """done: key -> prompt_hash (None when the row predates prompt hashes)."""
+        keys = list(done)
+        return cls.from_columns(keys, [done[k] for k in keys], failed, reject_ids)
+
+    @classmethod
+    def from_columns(cls, keys: Iterable[str], prompt_hashes: Iterable[Optional[str]],
+                     failed: Iterable[str], reject_ids: Iterable[str]) -> "PriorRun":
+        """From data/ columns (a key may repeat, one row per version), failures/ keys."""
+        d, p = digests_of(keys), digests_of(prompt_hashes)
+        done, first = np.unique(d, return_index=True)
+        f = np.unique(digests_of(failed))
+        f = f[~sorted_contains(done, f)[0]]  # failed once, done since: not open
+        return cls(done, p[first], f, set(reject_ids))
+
+
+@dataclass
+class Admission:
+    """The pass's verdict, and what it saw on the way."""
+
+    table: AdmissionTable
+    total: int                      # input rows read (progress total)
+    valid_keys: int                 # distinct valid keys in the input
+    rejects: int                    # invalid rows + later duplicates in the input
+    new_rejects: int                # of which written to rejects/ by this pass
+    fingerprints: list[dict[str, Any]]
+    edited: int = 0                 # done keys whose prompt changed under the same id
+    edited_examples: list[str] = field(default_factory=list)
+    removed: int = 0                # done keys no longer in the input
+    seen_bytes: int = 0             # peak size of the pass's key arrays
+
+
+def reject_record(source: str, line: int, raw: str, reason: str, reject_id: str,
+                  key: Optional[str] = None, row_id: Optional[str] = None) -> dict[str, Any]:
+    from jobs.pipeline.rows import now
+    return {"source": source, "line": line, "key": key, "id": row_id, "reason": reason,
+            "raw": raw[:RAW_KEPT], "reject_id": reject_id, "rejected_at": now()}
+
+
+def _content_id(prefix: str, text: str, rank: int) -> str:
+    return f"{prefix}:{hashlib.sha256(text.encode()).hexdigest()[:24]}#{rank}"
+
+
+class _Pass:
+    """State of one admission pass over the inputs."""
+
+    def __init__(self, prior: PriorRun, uris: list[str], write: Callable[[list], None]):
+        self.prior, self.uris, self.write = prior, uris, write
+        self.seen = SeenKeys()
+        self.chunk: list[tuple[int, str, Optional[str], str, int, str]] = []
+        self.invalid_ranks: collections.Counter = collections.Counter()
+        self.rejects, self.new_rejects, self.pending = 0, 0, []
+        self.edited, self.edited_examples = 0, []
+
+    def reject(self, record: dict[str, Any]) -> None:
+        self.rejects += 1
+        if record["reject_id"] not in self.prior.reject_ids:
+            self.new_rejects += 1
+            self.pending.append(record)
+            if len(self.pending) >= REJECT_PART_ROWS:
+                self.write_pending()
+
+    def write_pending(self) -> None:
+        if self.pending:
+            self.write(self.pending)
+            self.pending = []
+
+    def row(self, source: str, line: int, ordinal: int, raw: str) -> None:
+        try:
+            parsed = parse_row(raw)
+        except RowError as exc:
+            rid = hashlib.sha256(raw.encode()).hexdigest()[:24]
+            self.invalid_ranks[rid] += 1  # identical bad lines: each its own reject
+            self.reject(reject_record(source, line, raw, str(exc),
+                                      f"raw:{rid}#{self.invalid_ranks[rid]}"))
+            return
+        # raw kept only as far as a reject stores it: a chunk of long prompts stays small
+        self.chunk.append((ordinal, parsed["key"], parsed["id"], parsed["prompt_hash"],
+                           line, raw[:RAW_KEPT]))
+        if len(self.chunk) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.chunk:
+            return
+        ordinals = np.fromiter((r[0] for r in self.chunk), np.int64, len(self.chunk))
+        digests = digests_of(r[1] for r in self.chunk)
+        known = self.seen.contains(digests)
+        _, first = np.unique(digests, return_index=True)  # first index of each digest
+        is_new = np.zeros(len(digests), bool)
+        is_new[first] = True
+        is_new &= ~known
+        self._check_edits(np.flatnonzero(is_new), digests)
+        self.seen.add_new(digests[is_new], ordinals[is_new])
+        for i in np.flatnonzero(~is_new):  # duplicates are rare: a loop is fine
+            ordinal, key, row_id, _, line, raw = self.chunk[i]
+            rank, first_ordinal = self.seen.bump(int(digests[i]))
+            self.reject(reject_record(
+                self.uris[ordinal >> ORDINAL_SHIFT], line, raw,
+                f"duplicate id {key!r}: first seen at "
+                f"{place_of_ordinal(self.uris, first_ordinal)}",
+                _content_id("dup", key, rank), key, row_id))
+        self.chunk = []
+
+    def _check_edits(self, rows: np.ndarray, digests: np.ndarray) -> None:
+        found, pos = sorted_contains(self.prior.done, digests[rows])
+        if not found.any():
+            return
+        for i, p in zip(rows[found], pos[found]):
+            stored = self.prior.done_prompt[p]
+            _, key, _, prompt_hash, _, _ = self.chunk[i]
+            if stored and stored != key_digest(prompt_hash):
+                self.edited += 1
+                if len(self.edited_examples) < EXAMPLES:
+                    self.edited_examples.append(key)
+
+
+def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
+                 write_rejects: Callable[[list[dict[str, Any]]], None],
+                 limit: Optional[int] = None) -> Admission:
+    """The driver's one pass: validate, fingerprint, dedupe and decide every row.
+
+    New rejects go to ``write_rejects`` in parts of at most REJECT_PART_ROWS as the
+    pass finds them (each line cut to RAW_KEPT characters)."""
+    uris = [loc.uri for loc in inputs]
+    state = _Pass(prior, uris, write_rejects)
+    total, prints = 0, []
+    for index, loc in enumerate(inputs):
+        hasher, rows, complete = hashlib.sha256(), 0, True
+        for line, raw in iter_rows(loc, hasher):
+            rows += 1
+            state.row(loc.uri, line, ordinal_of(index, line), raw)
+            if limit is not None and rows >= limit:
+                complete = False
+                break
+        total += rows
+        prints.append({"uri": loc.uri, "size": loc.fs.get_file_info(loc.path).size,
+                       "rows": rows, "sha256": hasher.hexdigest() if complete else None})
+    state.flush()
+    state.write_pending()
+    seen_bytes = state.seen.nbytes
+    digests, ordinals = state.seen.merged()
+    state.seen = None  # free the pass's arrays before the table is built
+    in_done, _ = sorted_contains(prior.done, digests)
+    in_failed, _ = sorted_contains(prior.failed, digests)
+    go = ~in_done & (in_failed if retry_failed else ~in_failed)
+    removed = 0 if limit is not None else len(prior.done) - int(
+        sorted_contains(digests, prior.done)[0].sum())
+    return Admission(
+        table=AdmissionTable(digests[go], ordinals[go]),
+        total=total, valid_keys=len(digests), rejects=state.rejects,
+        new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,
+        edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes)
+
+
+def rejects_table(records: list[dict[str, Any]]) -> pa.Table:
+    return pa.table({name: [r.get(name) for r in records] for name in REJECTS.names},
+                    schema=REJECTS)
+
+
+def reject_writer(store) -> Callable[[list[dict[str, Any]]], None]:
+    """Writes a list of rejects as one part, named by their reject ids (so a rewrite of
+    the same rejects replaces itself)."""
+    def write(records: list[dict[str, Any]]) -> None:
+        store.write_part("rejects", rejects_table(records), [r["reject_id"] for r in records])
+    return write
+
+
+def describe_changes(admission: Admission, previous: Optional[list[dict[str, Any]]]) -> list[str]:
+    """What changed in the input since the run last saw it, one line per finding."""
+    lines = []
+    old = {p["uri"]: p for p in previous or []}
+    by_hash = {p["sha256"]: p["uri"] for p in previous or [] if p.get("sha256")}
+    for p in admission.fingerprints:
+        before = old.get(p["uri"])
+        if before is None and p["sha256"] in by_hash:
+            lines.append(f"input {p['uri']} has the content of {by_hash[p['sha256']]} "
+                         f"(renamed or moved): rows keep their keys, nothing is redone")
+        elif before is not None and p["sha256"] and before.get("sha256") not in (
+                None, p["sha256"]):
+            lines.append(f"input {p['uri']} changed since the last session: "
+                         f"{before['rows']} -> {p['rows']} rows")
+    if previous is not None and admission.removed:
+        lines.append(f"{admission.removed} rows in data/ have no prompt in the input any "
+                     f"more (kept)")
+    if admission.edited:
+        lines.append(f"{admission.edited} prompts were edited under an id already done "
+                     f"(kept the earlier output; e.g. {', '.join(admission.edited_examples)}); "
+                     f"give edited prompts new ids to generate them")
+    return lines
+
+
+_TABLES: dict[str, AdmissionTable] = {}
+
+
+def _table_of(holder: list) -> AdmissionTable:
+    """The table behind the ObjectRef, fetched once per worker (zero-copy numpy)."""
+    import ray
+    ref = holder[0]
+    key = ref.hex()
+    if key not in _TABLES:
+        _TABLES.clear()
+        _TABLES[key] = ray.get(ref)
+    return _TABLES[key]
+
+
+def admit_batch(batch: pa.Table, table: list) -> pa.Table:
+    """map_batches function: keep exactly the rows the admission table chose.
+
+    ``table`` is ``[ObjectRef(AdmissionTable)]`` (a list, so Ray hands the ref over
+    unresolved and each worker fetches it once)."""
+    admitted = _table_of(table) if isinstance(table, list) else table
+    valid = batch.column("reject_reason").is_null().to_numpy(zero_copy_only=False)
+    digests = digests_of(batch.column("key").to_pylist())
+    ordinals = batch.column("ordinal").to_numpy(zero_copy_only=False).astype(np.int64)
+    keep = admitted.admits(digests, ordinals) & valid
+    return batch.filter(pa.array(keep))
+

@@ -1,0 +1,78 @@
+"""The job's Ray Data chain: read -> validate -> admit -> generate -> write.
+
+Each stage states the columns it reads and adds in its own module. Generation runs
+in an autoscaled pool of async actors (``concurrency=(min, max)``); Ray Data's
+streaming executor keeps memory flat and back-pressures the read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import ray.data
+
+from jobs.config import RunConfig
+from jobs.pipeline.generate_stage import GenerateRows
+from jobs.pipeline.admission import admit_batch
+from jobs.pipeline.rows import output_settings, settings_hash
+from jobs.pipeline.sink import RunSink
+from jobs.io.sources import PromptFiles
+from jobs.io.storage import Location
+from jobs.pipeline.validate import validate_batch
+
+# Every stage is I/O-bound or light: reserving whole CPUs would let the read and
+# validate tasks starve the writer (rows then wait in memory instead of on storage).
+# Capped concurrency: a fraction of a CPU would otherwise let Ray start dozens of
+# Python workers at once (seconds of CPU each) for work two of them can do.
+LIGHT_CPU = 0.1
+LIGHT_TASKS = 2
+
+
+def stage_context(cfg: RunConfig) -> dict[str, Any]:
+    """Everything a generate actor needs, as plain data (shipped to every actor)."""
+    sampling = cfg.job.sampling.to_sglang()
+    import json
+    return {
+        "run": cfg.job.run_name, "model": cfg.engine.model_name,
+        "max_new_tokens": cfg.job.max_new_tokens, "context_policy": cfg.job.context_policy,
+        "sampling": sampling, "sampling_json": json.dumps(sampling, sort_keys=True),
+        "settings_hash": settings_hash(cfg.engine.model_name, sampling,
+                                       output_settings=output_settings(
+                                           cfg.engine, cfg.job.context_policy)),
+        "legacy_settings_hash": settings_hash(cfg.engine.model_name, sampling),
+        "inflight_rows_per_actor": cfg.job.inflight_rows_per_actor,
+        "rows_per_call": cfg.job.rows_per_call,
+        "call_linger_s": cfg.job.call_linger_s,
+        "retries": cfg.job.retries.model_dump(), "breaker": cfg.job.breaker.model_dump(),
+        "metrics_category_limit": cfg.job.metrics_category_limit,
+    }
+
+
+def build(cfg: RunConfig, inputs: list[Location], table: list,
+          run_uri: str) -> ray.data.Dataset:
+    """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py)."""
+    job = cfg.job
+    ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size),
+                                  num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
+    ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
+                        num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
+    ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
+                        fn_kwargs={"table": table}, num_cpus=LIGHT_CPU,
+                        concurrency=LIGHT_TASKS)
+    return generate(ds, cfg, stage_context(cfg))
+
+
+def generate(ds: ray.data.Dataset, cfg: RunConfig, ctx: dict[str, Any]) -> ray.data.Dataset:
+    """The autoscaled pool of async generate actors (also used by continuation)."""
+    job = cfg.job
+    return ds.map_batches(
+        GenerateRows, batch_format="pyarrow", batch_size=job.batch_size,
+        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name, ctx),
+        concurrency=(job.min_actors, job.max_actors),
+        max_concurrency=job.max_batches_per_actor, num_cpus=LIGHT_CPU)
+
+
+def write(ds: ray.data.Dataset, cfg: RunConfig, run_uri: str) -> None:
+    ds.write_datasink(RunSink(run_uri, cfg.storage, cfg.job.rows_per_file),
+                      ray_remote_args={"num_cpus": LIGHT_CPU}, concurrency=LIGHT_TASKS)

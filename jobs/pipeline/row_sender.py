@@ -1,0 +1,131 @@
+"""Send rows to the engine replicas in chunks, while in-flight slots stay per row.
+
+One Serve handle call costs the caller and the replica several ms of CPU (routing,
+pickling, Serve's bookkeeping), more than the row's own HTTP work. So up to
+``rows_per_call`` rows go out as ONE streaming ``generate_many`` call, and each result
+is handed to its row as the replica streams it back (completion order). A row holds
+its in-flight slot from send until its own result arrives, never until its chunk ends,
+so a slow 8K-token row holds one slot.
+
+A chunk goes when it is full or ``linger_s`` after its first row got a slot. When all
+slots are busy (the steady state), slots come back one finished row at a time; the
+linger lets a few gather instead of paying a call per row. It delays a refill by at
+most ``linger_s``, which the engines' queued requests cover (rows run for seconds on
+the simulator, minutes on GPUs).
+
+``send(request, alone=True)`` gives a row a call of its own: after replica code raised
+on a shared call, each of its rows is sent alone so only the poison row fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, Optional
+
+from jobs.pipeline.retry import CallIncomplete
+
+logger = logging.getLogger(__name__)
+
+
+class RowSender:
+    def __init__(self, handle: Any, inflight_rows: int, rows_per_call: int,
+                 linger_s: float = 0.2):
+        self.stream = handle.options(stream=True)
+        self.rows_per_call = rows_per_call
+        self.linger_s = linger_s
+        self._free = inflight_rows  # in-flight slots; only the dispatcher takes them
+        self._queue: deque[tuple[dict[str, Any], asyncio.Future, bool]] = deque()
+        self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
+        self._dispatcher: Optional[asyncio.Task] = None
+        self._calls: set[asyncio.Task] = set()  # the loop keeps only weak references
+
+    async def send(self, request: dict[str, Any], alone: bool = False) -> dict[str, Any]:
+        """The replica's result for one request; raises what the handle call raised."""
+        if self._dispatcher is None or self._dispatcher.done():
+            self._start()
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((request, future, alone))
+        self._changed.set()
+        return await future
+
+    def _start(self) -> None:  # inside the actor's event loop
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch())
+        self._dispatcher.add_done_callback(self._dispatcher_ended)
+
+    def _dispatcher_ended(self, task: asyncio.Task) -> None:
+        # Never leave a row waiting on a dead dispatcher: fail what is queued (the caller
+        # retries it) and let the next send start a new one.
+        if task.cancelled() or task is not self._dispatcher:  # a newer one owns the queue
+            return
+        exc = task.exception()
+        if exc is not None:
+            logger.error("row dispatcher failed: %r", exc)
+            while self._queue:
+                _, future, _ = self._queue.popleft()
+                if not future.done():
+                    future.set_exception(exc)
+
+    def _release(self) -> None:
+        self._free += 1
+        self._changed.set()
+
+    async def _wait_change(self, deadline: Optional[float]) -> bool:
+        """Wait until a row is queued or a slot freed; False once the deadline passed."""
+        self._changed.clear()
+        timeout = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        if timeout is not None and timeout <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not (self._queue and self._free):  # the first row needs a row and a slot
+                await self._wait_change(None)
+            chunk, deadline = [], loop.time() + self.linger_s
+            try:
+                while len(chunk) < self.rows_per_call:
+                    if chunk and (chunk[0][2] or (self._queue and self._queue[0][2])):
+                        break  # a row sent alone shares its call with no other
+                    if self._queue and self._free:
+                        self._free -= 1
+                        chunk.append(self._queue.popleft())
+                    elif not await self._wait_change(deadline):
+                        break
+            except BaseException as exc:  # the rows taken so far are not lost either
+                for _, future, _ in chunk:
+                    self._release()
+                    if not future.done():
+                        future.set_exception(exc)
+                raise
+            call = loop.create_task(self._call(chunk))
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+
+    async def _call(self, chunk: list[tuple[dict[str, Any], asyncio.Future, bool]]) -> None:
+        waiting = {request["key"]: future for request, future, _ in chunk}
+        try:
+            async for result in self.stream.generate_many.remote([r for r, _, _ in chunk]):
+                future = waiting.pop(result["key"], None)
+                if future is not None:
+                    self._release()
+                    if not future.done():
+                        future.set_result(result)
+            if waiting:
+                raise CallIncomplete(f"generate_many ended without {len(waiting)} of its rows")
+        except BaseException as exc:  # every row still waiting gets the call's error
+            for future in waiting.values():
+                self._release()
+                if not future.done():
+                    future.set_exception(exc)
+            waiting.clear()
+            if not isinstance(exc, Exception):
+                raise

@@ -1,0 +1,411 @@
+"""Run a generation job end to end (called by jobs/generate.py after config checks)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs.config import RunConfig
+from jobs.runs.preflight import RejectTally, plan_text, reject_problem
+from jobs.io.run_store import RunStore
+from jobs.io.storage import Location, locate
+
+if TYPE_CHECKING:
+    from jobs.pipeline.admission import Admission, PriorRun
+
+logger = logging.getLogger("raygen")
+
+
+class RunError(RuntimeError):
+    """The run cannot start or had to stop; the message says what to do next."""
+
+
+@dataclass
+class Summary:
+    status: str
+    progress: dict[str, Any]
+    text: str
+
+
+@dataclass
+class RunState:
+    """What the run's own files already hold (the only resume state there is)."""
+
+    prior: "PriorRun"  # done / open failed keys as digests, known reject ids
+    first_budgets: dict[tuple[str, int], int]  # (settings_hash, first budget) -> rows
+
+    @classmethod
+    def read(cls, store: RunStore) -> "RunState":
+        from jobs.pipeline.admission import PriorRun
+        data = store.read_kind("data", ["key", "settings_hash", "budget_history",
+                                            "prompt_hash"])
+        budgets: dict[tuple[str, int], int] = {}
+        for sh, hist in zip(data.column("settings_hash").to_pylist(),
+                            data.column("budget_history").to_pylist()):
+            budgets[(sh, hist[0])] = budgets.get((sh, hist[0]), 0) + 1
+        rej = store.read_kind("rejects", ["source", "line", "reject_id"])
+        reject_ids = [i or f"{s}:{n}" for i, s, n in zip(*(rej.column(c).to_pylist() for c in (
+            "reject_id", "source", "line")))]
+        failed = store.read_kind("failures", ["key"]).column("key")
+        prior = PriorRun.from_columns(_values(data.column("key")),
+                                      _values(data.column("prompt_hash")),
+                                      _values(failed), reject_ids)
+        return cls(prior=prior, first_budgets=budgets)
+
+
+def _values(column: pa.ChunkedArray):
+    """A column's values one chunk at a time (no list of every key at once)."""
+    for chunk in column.chunks:
+        yield from chunk.to_pylist()
+
+
+def check_settings(state: RunState, settings_hash: str, budget: int, run: str,
+                   legacy_hash: Optional[str] = None) -> None:
+    """Refuse to mix budgets or output settings inside one run (the story's bug)."""
+    others = {k: n for k, n in state.first_budgets.items() if k != (settings_hash, budget)}
+    if not others:
+        return
+    (other_hash, other_budget), rows = max(others.items(), key=lambda kv: kv[1])
+    if legacy_hash is not None and other_hash == legacy_hash:
+        # Decided: refuse. The old hash covered model + sampling only, so nothing proves
+        # those rows used this chat template, reasoning parser, think token, engine args
+        # and context policy; mixing them silently is what the hash exists to prevent.
+        raise RunError(
+            f"run {run!r} holds {rows} rows from an older raygen whose settings_hash "
+            f"({other_hash}) covered only model + sampling; this config matches those but "
+            f"the rows do not record their chat template, reasoning parser, think token, "
+            f"engine args or context policy, so resuming could mix outputs. Finish the run "
+            f"with the raygen version that started it, or start a new job.run_name.")
+    raise RunError(
+        f"run {run!r} already holds {rows} rows generated with max_new_tokens="
+        f"{other_budget} (settings {other_hash}); this config asks max_new_tokens={budget} "
+        f"(settings {settings_hash}). Resuming would mix budgets and leave the earlier rows "
+        f"under the old one. To give truncated rows a larger budget run "
+        f"`python -m jobs.generate --config ... --continue-truncated --max-total-tokens "
+        f"{budget}`; for different settings use a new job.run_name.")
+
+
+def input_locations(cfg: RunConfig) -> list[Location]:
+    locs = [locate(uri, cfg.storage) for uri in cfg.job.input]
+    for loc in locs:
+        info = loc.fs.get_file_info(loc.path)
+        if info.type.name != "File":
+            raise RunError(f"job.input {loc.uri!r} does not exist (or is not a file)")
+    return locs
+
+
+def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def summary_text(store: RunStore, snap: dict[str, Any]) -> str:
+    from jobs.runs.continuation import latest_versions
+    data = latest_versions(store)  # a continued row counts once, as its latest version
+    reasons = pc.value_counts(data.column("finish_reason")).to_pylist() if data.num_rows else []
+    mix = ", ".join(f"{r['values']}={r['counts']}" for r in reasons) or "none"
+    return "\n".join([
+        f"run {snap['run']}: {snap['status']}",
+        f"  output:    {store.uri}/data/",
+        f"  rows:      {snap['completed']} done of {snap['total']} "
+        f"({snap['failed']} failed, {snap['rejected']} rejected)",
+        f"  finish:    {mix}  (truncated {100 * snap['truncated_fraction']:.1f}%)",
+        f"  tokens:    {snap['output_tokens']} output, mean {snap['mean_output_tokens']}",
+        f"  session:   {snap['session_rows']} new rows in {snap['elapsed_s']} s: "
+        f"{snap['session_rows'] / max(snap['elapsed_s'], 1e-9):.1f} rows/s, "
+        f"{snap['session_output_tokens'] / max(snap['elapsed_s'], 1e-9):.0f} output tok/s",
+        f"  progress:  {store.uri}/progress.json",
+    ])
+
+
+def _report(store: RunStore) -> str:
+    """End-of-run report (report.md/json/png); a report problem never fails the run."""
+    from jobs.analysis.report import report_and_write
+    try:
+        report_and_write(store)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("report failed (the data is intact): %s", exc)
+        return ""
+    return f"\n  report:    {store.uri}/report.md (python -m jobs.analysis.report {store.uri})"
+
+
+# Run by the SIGTERM handler before it raises: `ray job stop` SIGKILLs the driver 3 s
+# after SIGTERM, sooner than the dataset's teardown, so the final status goes first.
+_STOP_HOOKS: list[Callable[[], None]] = []
+
+
+def _init_ray(stop_exc: type) -> None:
+    """Connect to Ray, then take SIGTERM back: `ray job stop` must end in "stopped"."""
+    import signal
+    import threading
+
+    import ray
+    ray.init(ignore_reinit_error=True)
+    if threading.current_thread() is threading.main_thread():
+        def _stop(*_):  # ray.init installs its own handler, which fails the dataset
+            for hook in list(_STOP_HOOKS):
+                try:
+                    hook()
+                except Exception as exc:  # noqa: BLE001 - never block the stop itself
+                    logger.warning("on stop: %s", exc)
+            raise stop_exc()
+        signal.signal(signal.SIGTERM, _stop)
+
+
+def local_output_problem(output_is_local: bool, alive_nodes: int, shared: bool) -> Optional[str]:
+    """Why a local output path cannot work on this cluster (None when it can)."""
+    if not output_is_local or shared or alive_nodes <= 1:
+        return None
+    return (f"job.output is a local path but the Ray cluster has {alive_nodes} nodes: each "
+            f"node's writers would write their own copy of the run and resume would miss "
+            f"rows. Use s3://..., or, if the path is a filesystem every node mounts, set "
+            f"storage.shared_local_output: true")
+
+
+def check_output_reachable(store: RunStore, cfg: RunConfig) -> None:
+    import ray
+
+    from jobs.io.storage import is_local
+    alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+    problem = local_output_problem(is_local(store.root), alive, cfg.storage.shared_local_output)
+    if problem:
+        raise RunError(problem)
+
+
+def take_lease(store: RunStore, cfg: RunConfig):
+    """The run's lease, or RunError naming the live job that holds it."""
+    from jobs.runs.lease import LeaseHeld, RunLease
+    try:
+        return RunLease(store, cfg.job.lease_timeout_s).acquire()
+    except LeaseHeld as exc:
+        raise RunError(str(exc)) from None
+
+
+def engine_context_length(handle, cfg: RunConfig) -> int:
+    """The context length the running engine reports (config's value if it says none)."""
+    info = handle.info.remote().result()
+    reported = (info.get("server_info") or {}).get("context_length")
+    return int(reported or cfg.engine.context_length)
+
+
+def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
+            max_total_tokens: Optional[int], stop_exc: type,
+            check_context: bool = False) -> Summary:
+    import ray
+
+    from jobs.runs import continuation
+
+    from jobs.pipeline import chain as pipeline
+    from jobs.pipeline.admission import reject_writer
+    from jobs.io.sources import count_rows
+    from serve_apps.app import deploy_or_attach
+
+    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+    inputs = input_locations(cfg)
+    ctx = pipeline.stage_context(cfg)
+    if check_context:
+        from jobs.runs.context_check import check_context as run_check, describe
+        _init_ray(stop_exc)
+        handle = deploy_or_attach(cfg.engine, cfg.serve)
+        report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
+        return Summary("succeeded", report, describe(report))
+    lease = take_lease(store, cfg)  # before the run's state is read or anything written
+    try:
+        state = RunState.read(store)
+        if continue_truncated:
+            total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+            target = continuation.check_total(cfg, max_total_tokens)
+            wanted = continuation.to_continue(store, target, ctx["settings_hash"])
+            logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
+        else:
+            check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens,
+                           cfg.job.run_name, ctx["legacy_settings_hash"])
+            reject_parts: list[list[dict[str, Any]]] = []
+            tally = RejectTally()
+
+            def collect(part: list[dict[str, Any]]) -> None:
+                tally.add(part)
+                reject_parts.append(part)
+            admission = admit(cfg, store, inputs, state, retry_failed, collect)
+            total = admission.total
+            guard_rejects(cfg, store, admission, tally, reject_parts)
+        _init_ray(stop_exc)
+        check_output_reachable(store, cfg)
+        deploy_or_attach(cfg.engine, cfg.serve)
+        if continue_truncated:
+            build = lambda: continuation.build(cfg, store, wanted, target)  # noqa: E731
+        else:
+            table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
+
+            def build():
+                # The new rejects are written once progress has taken its first look, so
+                # the job's reject counter counts them as this session's, as it did when
+                # the stream wrote them.
+                write = reject_writer(store)
+                for part in reject_parts:
+                    write(part)
+                return pipeline.build(cfg, inputs, table, store.uri)
+        return _execute(cfg, store, total, stop_exc, build, lease=lease,
+                        expect_all=not continue_truncated)
+    finally:
+        lease.release()
+
+
+def guard_rejects(cfg: RunConfig, store: RunStore, admission: "Admission", tally: RejectTally,
+                  reject_parts: list[list[dict[str, Any]]]) -> None:
+    """Stop before deploying when job.max_reject_fraction is exceeded: the rejects are
+    written first (the operator reads why in rejects/), progress.json says failed."""
+    from jobs.pipeline.admission import reject_writer
+    from jobs.runs.progress import ProgressTracker
+    if tally.total < admission.rejects:  # the rest were written by earlier sessions
+        tally.add_known(store)
+    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally)
+    if problem is None:
+        return
+    write = reject_writer(store)
+    for part in reject_parts:
+        write(part)
+    ProgressTracker(store, admission.total, cfg.job.run_name, cfg.engine.model_name,
+                    cfg.job.progress_interval_s).stop("failed")  # one scan, no thread
+    raise RunError(problem)
+
+
+def dry_run(cfg: RunConfig, retry_failed: bool) -> Summary:
+    """Validate config and input and say what would run: no Ray, no lease, no writes."""
+    from jobs.pipeline.admission import admit_inputs
+    from jobs.pipeline.chain import stage_context
+    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+    inputs = input_locations(cfg)
+    state = RunState.read(store)
+    ctx = stage_context(cfg)
+    check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name,
+                   ctx["legacy_settings_hash"])
+    tally = RejectTally()
+    admission = admit_inputs(inputs, state.prior, retry_failed, tally.add, cfg.job.limit)
+    if tally.total < admission.rejects:
+        tally.add_known(store)
+    text = plan_text(cfg, store, admission, tally, len(state.prior.done),
+                     len(state.prior.failed), retry_failed)
+    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally, dry_run=True)
+    if problem:
+        raise RunError(f"{problem}\n{text}")
+    return Summary("succeeded", {"total": admission.total, "rejected": admission.rejects,
+                                 "to_generate": len(admission.table)}, text)
+
+
+def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,
+          retry_failed: bool, write_rejects: Callable) -> "Admission":
+    """The driver's admission pass (jobs/pipeline/admission.py); records the input fingerprints
+    in <run>/inputs.json and says what changed since the last session."""
+    import time
+
+    from jobs.pipeline.admission import admit_inputs, describe_changes
+    from jobs.io.storage import write_json_atomic
+    started = time.monotonic()
+    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit)
+    for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
+        logger.warning("%s", line)
+    write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
+    logger.info("admission: %d input rows, %d distinct valid keys, %d to generate, %d rejects "
+                "(%d new), table %d bytes, %.1f s", admission.total, admission.valid_keys,
+                len(admission.table), admission.rejects, admission.new_rejects,
+                admission.table.nbytes, time.monotonic() - started)
+    return admission
+
+
+def _classify_failure(exc: BaseException, stop_exc: type) -> tuple[str, Optional[str]]:
+    """(status, error message): a wrapped stop signal is a stop, not a failure."""
+    from jobs.pipeline.retry import CircuitOpen
+    if find_cause(exc, stop_exc) or find_cause(exc, KeyboardInterrupt):
+        return "stopped", None
+    breaker = find_cause(exc, CircuitOpen)
+    error = str(breaker) if breaker else f"{type(exc).__name__}: {exc}"
+    logger.error("run failed: %s", error)
+    return "failed", error
+
+
+def verdict(snap: dict[str, Any], expect_all: bool) -> tuple[str, Optional[str]]:
+    """The status of a run whose pipeline ended without an error, from its files:
+    "succeeded" only if every admitted prompt has a result and something was generated."""
+    if expect_all and snap["remaining"] > 0:
+        return "failed", (
+            f"{snap['remaining']} of {snap['total']} prompts have no result in data/, "
+            f"failures/ or rejects/ although the pipeline ended: rerun the same command to "
+            f"finish them")
+    if not snap["completed"]:
+        return "failed", (
+            f"nothing was generated: of {snap['total']} prompts {snap['rejected']} were "
+            f"rejected (see rejects/) and {snap['failed']} failed (see failures/)")
+    return "succeeded", None
+
+
+def _write_status_now(progress, status: str) -> None:
+    """progress.json with the final status at once, from the last counts (no rescan)."""
+    import time
+
+    from jobs.io.storage import write_json_atomic
+    progress.status = status  # the progress thread's next write says it too
+    if progress.last is not None:
+        write_json_atomic(progress.store.loc("progress.json"),
+                          dict(progress.last, status=status, updated_at=time.time()))
+
+
+def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
+             build: Callable, lease=None,
+             expect_all: bool = True) -> Summary:
+    """Stream the dataset into the run, with progress.json around it."""
+    import time
+
+    from jobs.pipeline import chain as pipeline
+    from jobs.runs.job_metrics import JobGauges, dashboard_url
+    from jobs.runs.progress import ProgressTracker
+
+    progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
+                               cfg.job.progress_interval_s, JobGauges.for_config(cfg)).start()
+    url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
+    if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
+        logger.info("raygen dashboard for this run: %s", url)
+
+    def on_stop() -> None:  # SIGTERM: the truth first, then the slow teardown
+        _write_status_now(progress, "stopped")
+        if lease is not None:
+            lease.release()
+
+    _STOP_HOOKS.append(on_stop)
+    status, error = "failed", None
+    try:
+        pipeline.write(build(), cfg, store.uri)
+        status, error = verdict(progress.update(), expect_all)
+    except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM), Ctrl-C, lease lost
+        status = "stopped"
+        if lease is not None and lease.lost:
+            error = f"stopped: {lease.lost} (one job per run)"
+    except Exception as exc:  # noqa: BLE001 - reported below with the cause
+        status, error = _classify_failure(exc, stop_exc)
+    finally:
+        _STOP_HOOKS.remove(on_stop)
+        if status != "succeeded":
+            _write_status_now(progress, status)
+        snap = progress.stop(status)
+        time.sleep(cfg.job.metrics_linger_s)  # let Prometheus scrape the final gauges
+    if snap["failed"] and status == "succeeded":
+        logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
+                       snap["failed"], store.uri)
+    text = summary_text(store, snap)
+    if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
+        text += "\n  nothing to do: every prompt already has a result"
+    if lease is not None and lease.takeover:
+        text += f"\n  lease:     {lease.takeover}"
+    text += _report(store)
+    if error:
+        raise RunError(f"{error}\n{text}")
+    return Summary(status, snap, text)

@@ -1,0 +1,80 @@
+"""Synthetic runs for the reporting tests: rows that match jobs.io.schema exactly."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from jobs.config import StorageConfig
+from jobs.io.run_store import RunStore
+from jobs.io.schema import DATA, FAILURES, REJECTS
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def make_row(key: str, version: int = 0, **over: Any) -> dict[str, Any]:
+    """A data row with every DATA column; override any field by keyword."""
+    tokens = over.pop("completion_tokens", 1000)
+    budget = over.pop("max_new_tokens", 4096)
+    row = {
+        "key": key, "id": key, "version": version, "category": "chat",
+        "messages": '[{"role": "user", "content": "hi"}]', "tools": None,
+        "reasoning": "r", "answer": "a", "finished_thinking": True,
+        "prompt_token_ids": [1, 2, 3], "output_token_ids": [4, 5],
+        "finish_reason": "stop", "matched_stop": "151645", "prompt_tokens": 100,
+        "completion_tokens": tokens, "cached_tokens": 0, "reasoning_tokens": tokens // 2,
+        "max_new_tokens": budget, "effective_max_new_tokens": budget,
+        "budget_clamped_by": "", "budget_history": [budget], "continuations": version,
+        "spec_verify_ct": None, "accept_length": None, "repetition_ratio": 0.01,
+        "latency_s": 1.0, "attempts": 1, "retry_classes": [], "replica": "r0", "model": "m",
+        "sampling": "{}", "settings_hash": "h1",
+        "created_at": T0 + dt.timedelta(seconds=version), "prompt_hash": None,
+    }
+    assert set(row) | set(over) == set(DATA.names), set(over) - set(DATA.names)
+    row.update(over)
+    return row
+
+
+def write_rows(store: RunStore, kind: str, rows: list[dict[str, Any]],
+               per_file: int = 50) -> None:
+    """Write rows as several part files, like the job's sink does."""
+    schema = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}[kind]
+    for start in range(0, len(rows), per_file):
+        chunk = rows[start:start + per_file]
+        table = pa.Table.from_pylist(chunk, schema=schema)
+        ids = [f"{r.get('key')}:{r.get('version', '')}:{r.get('line', '')}" for r in chunk]
+        store.write_part(kind, table, ids)
+
+
+def failure_row(key: str, error_class: str, seconds: int = 0) -> dict[str, Any]:
+    return {"key": key, "id": key, "category": "chat", "messages": "[]", "tools": None,
+            "source": "in.jsonl", "line": 1, "error_class": error_class,
+            "error_message": "boom", "retryable": True, "attempts": 4, "retry_classes": ["engine_5xx"] * 3, "replica": "r0",
+            "settings_hash": "h1", "failed_at": T0 + dt.timedelta(seconds=seconds)}
+
+
+def reject_row(line: int, reason: str) -> dict[str, Any]:
+    return {"source": "in.jsonl", "line": line, "key": None, "id": None,
+            "reason": reason, "raw": "{", "rejected_at": T0}
+
+
+@pytest.fixture
+def store(tmp_path) -> RunStore:
+    return RunStore(str(tmp_path / "run"), StorageConfig())
+
+
+def lognormal_lengths(n: int, median: float, sigma: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.ceil(np.exp(rng.normal(math.log(median), sigma, n))).astype(int)
+
+
+def censor(lengths: Iterable[int], cap: int):
+    """(completion_tokens, finish_reason) as a run with this cap would record them."""
+    lengths = np.asarray(list(lengths))
+    cut = lengths > cap
+    return np.where(cut, cap, lengths), np.where(cut, "length", "stop")

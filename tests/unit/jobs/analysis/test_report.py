@@ -1,0 +1,201 @@
+"""jobs.analysis.report: every figure equals pandas computed directly over the latest rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jobs.analysis import report
+from jobs.io.run_store import RunStore
+from tests.unit.jobs.analysis.conftest import (failure_row, make_row, reject_row, write_rows)
+
+CAP, CAP2 = 4096, 8192
+
+
+def synthetic_rows(seed: int = 0) -> list[dict]:
+    """~400 keys over 4 categories and every prompt bin; 30 continued; a few aborts."""
+    rng = np.random.default_rng(seed)
+    cats = ["chat", "code", "math", None]
+    rows, continued = [], 0
+    for i in range(400):
+        length = int(np.ceil(np.exp(rng.normal(np.log(2300), 0.63))))
+        cut = length > CAP
+        tokens = min(length, CAP)
+        finished = (not cut) or bool(rng.random() < 0.4)
+        finish = "abort" if i % 50 == 7 else ("length" if cut else "stop")
+        rows.append(make_row(
+            f"k{i:04d}", completion_tokens=tokens, finish_reason=finish,
+            category=cats[i % 4], prompt_tokens=int(rng.choice([40, 300, 2000, 6000])
+                                                    + rng.integers(0, 200)),
+            finished_thinking=finished,
+            reasoning_tokens=int(tokens * rng.uniform(0.3, 0.9)) if finished else tokens,
+            spec_verify_ct=int(tokens / rng.uniform(2, 4)) if i % 4 else None,
+            repetition_ratio=float(rng.choice([0.02, 0.8], p=[0.9, 0.1]))))
+        if cut and continued < 30:  # continue it: version 1, cumulative tokens
+            continued += 1
+            total = min(length, CAP2)
+            rows.append(make_row(
+                f"k{i:04d}", version=1, completion_tokens=total,
+                finish_reason="length" if length > CAP2 else "stop",
+                category=cats[i % 4], prompt_tokens=rows[-1]["prompt_tokens"],
+                finished_thinking=True, reasoning_tokens=int(total * 0.6),
+                spec_verify_ct=None, max_new_tokens=CAP2, budget_history=[CAP, CAP2]))
+    return rows
+
+
+def latest_frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows).sort_values(["key", "version"]).drop_duplicates("key", keep="last")
+    df["category"] = df["category"].fillna("none")
+    return df
+
+
+@pytest.fixture
+def run(store: RunStore):
+    rows = synthetic_rows()
+    write_rows(store, "data", rows)
+    write_rows(store, "failures", [failure_row("f1", "EngineError"),
+                                   failure_row("f2", "Timeout"),
+                                   failure_row("f2", "EngineError", seconds=5),
+                                   failure_row("k0001", "Timeout")])  # k0001 later succeeded
+    write_rows(store, "rejects", [reject_row(1, "not valid JSON: Expecting value at column 1"),
+                                  reject_row(2, "duplicate id 'a': first seen at in.jsonl:1"),
+                                  reject_row(3, "missing 'messages'")])
+    return store, rows
+
+
+def expected_stats(df: pd.DataFrame) -> dict:
+    ct = df["completion_tokens"].astype(float)
+    cut = df["finish_reason"] == "length"
+    spec = df["spec_verify_ct"].astype(float)
+    has = spec.notna() & (spec > 0)
+    return {
+        "rows": len(df), "mean": ct.mean(), "median": ct.median(), "p90": ct.quantile(0.9),
+        "p99": ct.quantile(0.99), "max": ct.max(), "truncated_pct": 100 * cut.mean(),
+        "clean_stop_pct": 100 * (df["finish_reason"] == "stop").mean(),
+        "cut_thinking": int((cut & ~df["finished_thinking"]).sum()),
+        "cut_answer": int((cut & df["finished_thinking"]).sum()),
+        "degenerate": int((df["repetition_ratio"] > 0.5).sum()),
+        "accept": ct[has].sum() / spec[has].sum() if has.any() else None,
+        "reasoning": df["reasoning_tokens"].mean(),
+        "answer": (ct - df["reasoning_tokens"]).mean(),
+        "continued": int((df["continuations"] > 0).sum()),
+    }
+
+
+def assert_matches(got: dict, want: dict) -> None:
+    o = got["output_tokens"]
+    assert got["rows"] == want["rows"]
+    for k in ("mean", "median", "p90", "p99", "max"):
+        assert o[k] == pytest.approx(want[k], abs=1e-3), k
+    assert got["truncated_pct"] == pytest.approx(want["truncated_pct"], abs=1e-3)
+    assert got["clean_stop_pct"] == pytest.approx(want["clean_stop_pct"], abs=1e-3)
+    assert got["truncated_while_thinking"] == want["cut_thinking"]
+    assert got["truncated_in_answer"] == want["cut_answer"]
+    assert got["degenerate"] == want["degenerate"]
+    assert got["mean_reasoning_tokens"] == pytest.approx(want["reasoning"], abs=0.01)
+    assert got["mean_answer_tokens"] == pytest.approx(want["answer"], abs=0.01)
+    assert got["continued_rows"] == want["continued"]
+    if want["accept"] is None:
+        assert got["accept_length"] is None
+    else:
+        assert got["accept_length"] == pytest.approx(want["accept"], abs=1e-3)
+
+
+def test_overall_figures_equal_pandas(run):
+    store, rows = run
+    rep = report.build_report(store)
+    df = latest_frame(rows)
+    assert rep["keys"] == df["key"].nunique() == 400
+    assert rep["data_rows_all_versions"] == len(rows)
+    assert_matches(rep["overall"], expected_stats(df))
+    counts = df["finish_reason"].value_counts()
+    for reason, n in counts.items():
+        assert rep["overall"]["finish_reasons"][reason]["rows"] == n
+        assert rep["overall"]["finish_reasons"][reason]["pct"] == pytest.approx(
+            100 * n / len(df), abs=1e-3)
+    assert rep["overall"]["continuations"] == 30
+
+
+def test_by_category_and_prompt_bin_equal_pandas(run):
+    store, rows = run
+    rep = report.build_report(store)
+    df = latest_frame(rows)
+    assert set(rep["by_category"]) == {"chat", "code", "math", "none"}
+    for cat, group in df.groupby("category"):
+        assert_matches(rep["by_category"][cat], expected_stats(group))
+    p = df["prompt_tokens"]
+    bins = {"<256": p < 256, "256-1K": (p >= 256) & (p < 1024),
+            "1K-4K": (p >= 1024) & (p < 4096), ">=4K": p >= 4096}
+    assert list(rep["by_prompt_bin"]) == list(bins)
+    for label, mask in bins.items():
+        assert_matches(rep["by_prompt_bin"][label], expected_stats(df[mask]))
+
+
+def test_failures_rejects_and_budgets(run):
+    store, rows = run
+    rep = report.build_report(store)
+    # f2's latest failure is EngineError; k0001 has a data row so it is not open.
+    assert rep["failures"] == {"open": 2, "by_error_class": {"EngineError": 2}}
+    assert rep["rejects"]["total"] == 3
+    assert {k: v["rows"] for k, v in rep["rejects"]["by_reason"].items()} == {
+        "invalid_json": 1, "duplicate_id": 1, "invalid_row": 1}
+    df = latest_frame(rows)
+    assert rep["budgets"]["caps"] == [
+        {"max_new_tokens": CAP, "rows": int((df["max_new_tokens"] == CAP).sum())},
+        {"max_new_tokens": CAP2, "rows": 30}]
+
+
+def test_continued_row_counts_once_with_latest_state(store):
+    write_rows(store, "data", [
+        make_row("a", 0, completion_tokens=4096, finish_reason="length",
+                 finished_thinking=False),
+        make_row("a", 1, completion_tokens=5000, finish_reason="stop", max_new_tokens=8192,
+                 budget_history=[4096, 8192]),
+        make_row("b", 0, completion_tokens=1000)])
+    rep = report.build_report(store)
+    o = rep["overall"]
+    assert rep["keys"] == 2 and rep["data_rows_all_versions"] == 3
+    assert o["finish_reasons"] == {"stop": {"rows": 2, "pct": 100.0}}
+    assert o["truncated"] == 0 and o["truncated_while_thinking"] == 0
+    assert o["output_tokens"]["mean"] == 3000 and o["output_tokens"]["max"] == 5000
+    assert o["continued_rows"] == 1 and o["continuations"] == 1
+
+
+def test_write_report_files(run):
+    store, _ = run
+    rep = report.report_and_write(store, caps=[5120, 8192])
+    root = store.root.path
+    on_disk = json.loads(open(f"{root}/report.json").read())
+    assert on_disk == json.loads(json.dumps(rep))  # JSON-safe: no NaN, no numpy types
+    assert open(f"{root}/report_lengths.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    md = open(f"{root}/report.md").read()
+    for heading in ("## Overall", "## By category", "## By prompt length", "## What-if"):
+        assert heading in md
+    assert "EXTRAPOLATIONS" in md
+    assert [r["cap"] for r in rep["forecast"]["rows"]] == [5120, 8192]
+
+
+def test_cli_prints_and_writes(run, capsys):
+    store, _ = run
+    assert report.main([store.root.path, "--what-if", "5120,16384"]) == 0
+    out = capsys.readouterr().out
+    assert "# Run report" in out and "16,384" in out and "wrote" in out
+
+
+def test_cli_empty_run_fails_clearly(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(tmp_path / "nothing")])
+    assert exc.value.code == 1
+    assert "no run at" in capsys.readouterr().err
+
+
+def test_report_and_write_on_a_run_without_rows(store):
+    """The job calls report_and_write at the end of every run, even one that wrote nothing."""
+    write_rows(store, "failures", [failure_row("f1", "EngineError")])
+    rep = report.report_and_write(store)
+    assert rep["keys"] == 0 and rep["overall"]["output_tokens"]["mean"] is None
+    assert rep["failures"]["open"] == 1 and rep["forecast"]["rows"] == []
+    assert (open(f"{store.root.path}/report_lengths.png", "rb").read(4) == b"\x89PNG")

@@ -1,0 +1,68 @@
+"""What decides a run's status and what a run refuses: settings_hash coverage, the
+legacy-hash refusal, completeness, a local output on a multi-node cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.pipeline.admission import PriorRun
+from jobs.config import parse_config
+from jobs.pipeline.chain import stage_context
+from jobs.runs.run import RunError, RunState, check_settings, local_output_problem, verdict
+
+BASE = {"engine": {"kind": "simulator", "model_path": "sim-m", "context_length": 16384},
+        "job": {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r",
+                "max_new_tokens": 4096}}
+
+
+def _hash(**engine_or_job) -> str:
+    tree = {"engine": dict(BASE["engine"]), "job": dict(BASE["job"])}
+    for section, values in engine_or_job.items():
+        tree[section].update(values)
+    return stage_context(parse_config(tree))["settings_hash"]
+
+
+@pytest.mark.parametrize("change", [
+    {"engine": {"chat_template": "model"}},
+    {"engine": {"model_path": "sim-other"}},
+    {"engine": {"served_model_name": "served"}},
+    {"engine": {"reasoning_parser": "deepseek-r1"}},
+    {"engine": {"think_end_token": "</reason>"}},
+    {"engine": {"extra_args": {"dtype": "bfloat16"}}},
+    {"job": {"context_policy": "clamp"}},
+    {"job": {"sampling": {"temperature": 0.7}}},
+])
+def test_settings_hash_covers_every_output_setting(change):
+    assert _hash(**change) != _hash()
+
+
+def test_settings_hash_ignores_throughput_settings():
+    assert _hash(engine={"max_running_requests": 64}) == _hash()
+    assert _hash(job={"batch_size": 7, "max_actors": 4}) == _hash()
+
+
+def test_rows_of_the_older_hash_are_refused_with_a_clear_message():
+    ctx = stage_context(parse_config(BASE))
+    empty = PriorRun.of({}, [], [])
+    state = RunState(prior=empty, first_budgets={(ctx["legacy_settings_hash"], 4096): 12})
+    with pytest.raises(RunError, match="older raygen.*12 rows|12 rows from an older raygen"):
+        check_settings(state, ctx["settings_hash"], 4096, "r", ctx["legacy_settings_hash"])
+    check_settings(RunState(empty, {(ctx["settings_hash"], 4096): 3}),
+                   ctx["settings_hash"], 4096, "r", ctx["legacy_settings_hash"])  # same: ok
+
+
+def test_verdict_needs_every_prompt_answered_and_something_generated():
+    snap = {"total": 10, "completed": 7, "failed": 2, "rejected": 1, "remaining": 0}
+    assert verdict(snap, expect_all=True) == ("succeeded", None)
+    status, error = verdict(dict(snap, completed=5, remaining=2), expect_all=True)
+    assert status == "failed" and "2 of 10 prompts have no result" in error
+    status, error = verdict(dict(snap, completed=0, failed=0, rejected=10), expect_all=True)
+    assert status == "failed" and "nothing was generated" in error and "10 were rejected" in error
+
+
+def test_local_output_on_a_multi_node_cluster_is_refused_unless_shared():
+    assert local_output_problem(True, alive_nodes=1, shared=False) is None
+    assert local_output_problem(False, alive_nodes=4, shared=False) is None
+    assert local_output_problem(True, alive_nodes=4, shared=True) is None
+    problem = local_output_problem(True, alive_nodes=4, shared=False)
+    assert "4 nodes" in problem and "storage.shared_local_output" in problem
