@@ -94,7 +94,7 @@ class ReplicaMetrics:
     def record(self, request: dict[str, Any], result: dict[str, Any]) -> None:
         if result.get("error_class"):
             return  # failures are counted by the job, which knows about retries
-        # The job caps category values (jobs.job_metrics.CategoryCap) before sending.
+        # The job caps category values (jobs.runs.job_metrics.CategoryCap) before sending.
         tags = {"model": self.model, "run": request.get("run") or "",
                 "category": request.get("category") or ""}
         _inc(self.output_tokens, result["completion_tokens"], tags)
