@@ -1,11 +1,13 @@
-"""Helpers shared by integration tests: run a job in-process, read a run back, reach
-the engines behind a Serve app."""
+"""Helpers shared by integration tests: a test run's config and prompts, run a job
+in-process, read a run back, reach the engines behind a Serve app."""
 
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -15,6 +17,64 @@ from ray import serve
 from jobs.config import StorageConfig, parse_config
 from jobs.runs.run import Summary, run_job
 from jobs.io.run_store import RunStore
+
+BUCKET = "raygen-test"
+FAST_SIM = {"time_scale": 0.002, "accept_length": 3.0}
+
+
+def run_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, run_name: str = "",
+               app_name: str = "raygen-test", output: str = "", **sections: Any) -> dict:
+    """A RunConfig tree for tests: simulator engines, fast time scale, S3 output."""
+    tree: dict[str, Any] = {
+        "engine": {"kind": "simulator", "model_path": "sim-test", "context_length": 16384,
+                   "max_running_requests": 32, "start_timeout_s": 60,
+                   "request_timeout_s": 120,
+                   "speculative": {"algorithm": "NEXTN"}, "simulator": dict(FAST_SIM)},
+        "serve": {"app_name": app_name, "max_ongoing_requests": 128,
+                  "num_cpus_per_replica": 0.1, "health_check_period_s": 1,
+                  "health_check_timeout_s": 5,
+                  "autoscaling": {"min_replicas": 2, "max_replicas": 2,
+                                  "target_ongoing_requests": 32}},
+        "job": {"input": rows_file, "output": output or f"s3://{BUCKET}/runs",
+                "run_name": run_name or f"t-{uuid.uuid4().hex[:8]}",
+                "max_new_tokens": 4096, "batch_size": 16, "rows_per_file": 64,
+                "inflight_rows_per_actor": 96, "max_actors": 1,
+                "progress_interval_s": 1, "metrics_linger_s": 0,
+                # tests feed many bad lines to few rows on purpose; test_dry_run.py
+                # tests the guard itself
+                "max_reject_fraction": 1.0,
+                "retries": {"max_attempts": 3, "backoff_initial_s": 0.05,
+                            "backoff_max_s": 0.2}},
+        "storage": {"endpoint_url": s3_endpoint},
+    }
+    for section, values in sections.items():
+        tree[section] = _merge(tree.get(section, {}), values)
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+def write_prompts(path: Path, n: int, start: int = 0, with_ids: bool = True,
+                  extra_lines: list[str] | None = None) -> Path:
+    cats = ["coding", "reasoning", "multi_turn", "tool_calling"]
+    with open(path, "w") as f:
+        for i in range(start, start + n):
+            row: dict[str, Any] = {
+                "category": cats[i % len(cats)],
+                "messages": [{"role": "user", "content": f"Prompt {i}: explain step {i % 7} "
+                              f"of problem {i * 7919 % 1000} in detail."}]}
+            if with_ids:
+                row["id"] = f"p{i:05d}"
+            f.write(json.dumps(row) + "\n")
+        for line in extra_lines or []:
+            f.write(line + "\n")
+    return path
 
 
 class NeverRaised(Exception):

@@ -13,7 +13,7 @@ import yaml
 
 from bench.chaos import chaos_trial
 from jobs.pipeline.validate import parse_row
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import assert_run_exact, read, run, store_of
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 
 from bench.report import COLUMNS
 from bench.run import Options, run_bench
-from tests.integration.conftest import BUCKET
+from tests.integration.helpers import BUCKET
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import pytest
 import pandas as pd
 
 from jobs.analysis.finalize import finalize
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import read, run, store_of
 
 pytestmark = pytest.mark.integration

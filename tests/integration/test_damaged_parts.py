@@ -15,7 +15,7 @@ from jobs.analysis import finalize
 
 from jobs.analysis import status
 from jobs.io.storage import write_bytes_atomic
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import run, store_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

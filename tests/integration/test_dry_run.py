@@ -15,7 +15,7 @@ import pytest
 from ray import serve
 
 from jobs import generate
-from tests.integration.conftest import BUCKET, run_config, write_prompts
+from tests.integration.helpers import BUCKET, run_config, write_prompts
 from tests.integration.helpers import read, run, store_of, write_yaml
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -23,6 +22,8 @@ from serve_apps.engine_process import (EngineProcess, engine_port, ephemeral_ran
 from serve_apps.engines import launch_command
 from serve_apps.errors import EngineStartError
 from serve_apps.generation import Generator
+from tests.support.engines import generate_request, group_pids, sim_engine_process
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,43 +38,25 @@ def _alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-def _group_pids(pgid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def _engine(**sim) -> EngineProcess:
-    cfg = EngineConfig(kind="simulator", context_length=8192,
-                       speculative={"algorithm": "NEXTN"},
-                       simulator={"time_scale": 0.001, **sim})
-    port = free_port()
-    return EngineProcess(launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
-                         port, name="engine-test")
-
-
 def test_start_health_stop_leaves_no_process():
-    engine = _engine()
+    engine = sim_engine_process()
     engine.start()
     engine.wait_ready(timeout_s=30)
     assert engine.health_ok()
     pgid = engine.pid
-    assert len(_group_pids(pgid)) >= 2  # the guard and the engine
+    assert len(group_pids(pgid)) >= 2  # the guard and the engine
     engine.stop()
     engine.stop()  # safe twice
-    deadline = time.monotonic() + 10
-    while _group_pids(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _group_pids(pgid) == []
+    wait_until(lambda: not group_pids(pgid), 10, "the engine's process group to exit")
 
 
 def test_engine_dying_while_starting_fails_fast_with_its_output():
-    engine = _engine()
+    engine = sim_engine_process()
     engine.command = engine.command + ["--no-such-flag"]
     engine.start()
-    started = time.monotonic()
+    # "exited with code", not the start_timeout_s error: it failed on the death, not the clock
     with pytest.raises(EngineStartError, match="exited with code"):
         engine.wait_ready(timeout_s=60)
-    assert time.monotonic() - started < 30
     assert "no-such-flag" in engine.last_lines()
 
 
@@ -120,7 +103,7 @@ def test_engine_start_gives_up_after_the_last_attempt():
 
 
 def test_startup_timeout_names_the_setting():
-    engine = _engine(startup_s=30)
+    engine = sim_engine_process(startup_s=30)
     engine.start()
     with pytest.raises(EngineStartError, match="start_timeout_s"):
         engine.wait_ready(timeout_s=2)
@@ -131,29 +114,24 @@ def test_guard_kills_engine_when_the_replica_is_sigkilled(tmp_path):
     pid_file = tmp_path / "engine.pid"
     script = textwrap.dedent(f"""
         import time
-        from tests.integration.test_engine_process import _engine
-        e = _engine()
+        from tests.support.engines import sim_engine_process
+        e = sim_engine_process()
         e.start(); e.wait_ready(30)
         open({str(pid_file)!r}, "w").write(str(e.pid))
         time.sleep(600)
     """)
     replica = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(pid_file.exists, 30, "the replica to start its engine")
     pgid = int(pid_file.read_text())
-    assert _group_pids(pgid)
+    assert group_pids(pgid)
     replica.send_signal(signal.SIGKILL)  # no __del__, no atexit: only the guard can act
     replica.wait()
-    deadline = time.monotonic() + 20
-    while _group_pids(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _group_pids(pgid) == [], "engine outlived its replica"
+    wait_until(lambda: not group_pids(pgid), 20, "the engine to die with its replica")
 
 
 @pytest.fixture(scope="module")
 def sim_engine():
-    engine = _engine()
+    engine = sim_engine_process()
     engine.start()
     engine.wait_ready(30)
     yield engine
@@ -174,17 +152,8 @@ def _generate(engine: EngineProcess, *requests: dict, context_length: int = 8192
     return asyncio.run(go())
 
 
-def _request(**kw) -> dict:
-    req = {"key": "k1", "run": "t", "category": "c", "tools": None, "input_ids": None,
-           "messages": [{"role": "user", "content": "Prove that 17 is prime."}],
-           "max_new_tokens": 4096, "sampling": {"temperature": 0.6},
-           "context_policy": "reject"}
-    req.update(kw)
-    return req
-
-
 def test_generation_result_fields(sim_engine):
-    result, again = _generate(sim_engine, _request(), _request())
+    result, again = _generate(sim_engine, generate_request(), generate_request())
     assert result["error_class"] is None
     assert result["completion_tokens"] == len(result["output_token_ids"]) > 0
     assert result["prompt_tokens"] == len(result["prompt_token_ids"])
@@ -196,7 +165,7 @@ def test_generation_result_fields(sim_engine):
 
 
 def test_context_guard_clamps_or_rejects(sim_engine):
-    big = _request(max_new_tokens=8190)
+    big = generate_request(max_new_tokens=8190)
     rejected, clamped = _generate(sim_engine, big, dict(big, context_policy="clamp"))
     assert rejected["error_class"] == "context_overflow" and not rejected["retryable"]
     assert "context_length 8192 leaves room for" in rejected["error_message"]
@@ -207,7 +176,7 @@ def test_context_guard_clamps_or_rejects(sim_engine):
 
 
 def test_bad_sampling_key_is_a_non_retryable_row_error(sim_engine):
-    (result,) = _generate(sim_engine, _request(sampling={"temprature": 0.6}))
+    (result,) = _generate(sim_engine, generate_request(sampling={"temprature": 0.6}))
     assert result["error_class"] == "bad_request" and result["retryable"] is False
     assert "temprature" in result["error_message"]
 
@@ -218,16 +187,17 @@ def _children(pid: int) -> list[int]:
 
 
 def _wait_dead(pids: list[int], timeout_s: float = 20) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
+    try:
+        wait_until(lambda: not any(_alive(p) for p in pids), timeout_s, f"{pids} to exit")
+    except AssertionError:
+        pass
+    return [p for p in pids if _alive(p)]
 
 
 def test_engine_dies_when_its_guard_is_sigkilled():
     """Ray kills a dead worker's children (the guard) by SIGKILL: no guard code runs,
     so only the kernel's parent-death signal can take the engine down."""
-    engine = _engine()
+    engine = sim_engine_process()
     engine.start()
     try:
         engine.wait_ready(30)
@@ -246,10 +216,10 @@ def test_replica_thread_that_started_the_engine_may_exit(tmp_path):
     pid_file = tmp_path / "engine.pid"
     script = textwrap.dedent(f"""
         import threading, time
-        from tests.integration.test_engine_process import _engine
+        from tests.support.engines import sim_engine_process
         box = []
         def build():
-            e = _engine(); e.start(); e.wait_ready(30); box.append(e)
+            e = sim_engine_process(); e.start(); e.wait_ready(30); box.append(e)
         t = threading.Thread(target=build); t.start(); t.join()  # that thread is gone now
         time.sleep(1.5)  # a parent-death signal would have fired by now
         assert box[0].is_alive() and box[0].health_ok(), "engine died with its thread"
@@ -257,9 +227,8 @@ def test_replica_thread_that_started_the_engine_may_exit(tmp_path):
         time.sleep(600)
     """)
     replica = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and replica.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: pid_file.exists() or replica.poll() is not None, 60,
+               "the replica to start its engine")
     assert pid_file.exists(), f"replica exited with {replica.poll()}"
     guard = int(pid_file.read_text())
     pids = [guard] + _children(guard)

@@ -13,7 +13,7 @@ import pytest
 
 from jobs import cli
 from jobs.pipeline.validate import prompt_key
-from tests.integration.conftest import BUCKET, run_config, write_prompts
+from tests.integration.helpers import BUCKET, run_config, write_prompts
 from tests.integration.helpers import read, run, write_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

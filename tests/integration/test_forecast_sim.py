@@ -9,7 +9,7 @@ import pytest
 from jobs.analysis.forecast import forecast
 from jobs.runs.pilot import pilot_config
 from jobs.config import parse_config
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import read, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -13,7 +13,7 @@ import pytest
 from jobs.config import parse_config
 from jobs.runs.run import RunError, run_job
 from jobs.io.schema import DATA
-from tests.integration.conftest import BUCKET, run_config, write_prompts
+from tests.integration.helpers import BUCKET, run_config, write_prompts
 
 pytestmark = pytest.mark.integration
 

@@ -56,7 +56,7 @@ from dashboards import alerts, build, panels
 from dashboards import metrics_catalog as mc
 from dashboards import promql as q
 from serve_apps.engine_process import free_port
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import CLEAR_FAULTS, engine_urls, read, run, set_faults, write_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,9 +16,10 @@ import pytest
 
 from jobs.config import StorageConfig
 from jobs.io.run_store import RunStore
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import write_yaml
-from tests.integration.two_node import TwoNodeCluster, alive, run_name, wait_for
+from tests.integration.two_node import TwoNodeCluster, alive, run_name
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -68,16 +69,16 @@ def test_node_loss_mid_run_then_exact_rerun_and_no_engine_survives(
     with open(tmp_path / "first.log", "wb") as log:
         first = _driver(cluster, config, log)
         raylet2 = cluster.node2_raylet()
-        wait_for(lambda: cluster.engines(under=[raylet2]) or first.poll() is not None,
+        wait_until(lambda: cluster.engines(under=[raylet2]) or first.poll() is not None,
                  180, "an engine on node 2")
-        wait_for(lambda: len(store.part_paths("data")) >= 4 or first.poll() is not None,
+        wait_until(lambda: len(store.part_paths("data")) >= 4 or first.poll() is not None,
                  180, "the first parts")
         assert first.poll() is None, "the job ended before the kill: slow it down"
         parts_at_kill = len(store.part_paths("data"))
         node2_engines = cluster.kill_node2()
         assert node2_engines, "node 2 held no engine: the kill proved nothing"
         # Raylet SIGKILL (node loss, machine up): node 2's engines die with it.
-        wait_for(lambda: not [p for p in node2_engines if alive(p)], 60,
+        wait_until(lambda: not [p for p in node2_engines if alive(p)], 60,
                  "node 2's engines to die")
         try:
             first_rc = first.wait(timeout=JOB_TIMEOUT_S)
@@ -102,4 +103,4 @@ def test_node_loss_mid_run_then_exact_rerun_and_no_engine_survives(
     engines = cluster.engines()
     assert engines, "the Serve app stays up after a job: its engines should be running"
     cluster.stop()
-    wait_for(lambda: not [p for p in engines if alive(p)], 30, "the head's engines to die")
+    wait_until(lambda: not [p for p in engines if alive(p)], 30, "the head's engines to die")

@@ -18,9 +18,10 @@ from ray import serve
 
 from jobs import generate
 from jobs.analysis.status import holder_line
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
                                        run_with_faults, set_faults, store_of, write_yaml)
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 APP = "raygen-test"
@@ -30,16 +31,6 @@ def _assert_exactly_once(tree: dict, n: int) -> None:
     data = read(tree, "data")
     assert len(data) == n and data["key"].is_unique
     assert sorted(data["id"]) == [f"p{i:05d}" for i in range(n)]
-
-
-def _wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -128,7 +119,7 @@ def test_one_job_per_run_and_takeover_after_sigkill(ray_cluster, s3_endpoint, tm
     store = store_of(tree)
     first = _driver(cfg, open(tmp_path / "a.log", "w"))
     try:
-        _wait_for(lambda: _json(store, "progress.json").get("completed"), 180,
+        wait_until(lambda: _json(store, "progress.json").get("completed"), 180,
                   "the first driver to write rows")
         assert f"(pid {first.pid})" in holder_line(store)  # jobs.analysis.status names the holder
         second = subprocess.run([sys.executable, "-m", "jobs.generate", "--config", str(cfg)],
@@ -235,11 +226,11 @@ def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_
     runner = threading.Thread(target=job)
     runner.start()
     try:
-        _wait_for(lambda: direct.part_paths("data"), 180, "the first data part")
+        wait_until(lambda: direct.part_paths("data"), 180, "the first data part")
         before = len(direct.part_paths("data"))
         proxy.outage()
         down_at = time.monotonic()
-        _wait_for(lambda: time.monotonic() - down_at >= 30 or not runner.is_alive(), 60,
+        wait_until(lambda: time.monotonic() - down_at >= 30 or not runner.is_alive(), 60,
                   "30 s of outage")
         assert runner.is_alive(), f"the run ended during the outage: {outcome}"
         proxy.restore()

@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 from ray import serve
 
 from serve_apps.app import deploy_or_attach
 from serve_apps.config import EngineConfig, ServeConfig
-from tests.integration.test_engine_process import _group_pids, _request
+from tests.support.engines import generate_request, group_pids
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _info_or_none(handle):
@@ -42,13 +32,13 @@ def test_engine_crash_restarts_replica_and_delete_leaves_no_orphan(ray_cluster):
                       autoscaling={"min_replicas": 1, "max_replicas": 1})
     handle = deploy_or_attach(engine, cfg)
     first = handle.info.remote().result()
-    assert handle.generate.remote(_request()).result()["error_class"] is None
+    assert handle.generate.remote(generate_request()).result()["error_class"] is None
 
     os.killpg(first["engine_pid"], signal.SIGKILL)  # a GPU fault takes the engine down
-    second = _wait(lambda: (i := _info_or_none(handle)) and i["replica"] != first["replica"]
+    second = wait_until(lambda: (i := _info_or_none(handle)) and i["replica"] != first["replica"]
                    and i, 90, "Serve to replace the replica")
     assert second["engine_pid"] != first["engine_pid"]
-    assert handle.generate.remote(_request()).result()["error_class"] is None
+    assert handle.generate.remote(generate_request()).result()["error_class"] is None
 
     serve.delete("crash-test")
-    _wait(lambda: not _group_pids(second["engine_pid"]), 30, "the engine to stop")
+    wait_until(lambda: not group_pids(second["engine_pid"]), 30, "the engine to stop")

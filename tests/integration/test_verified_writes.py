@@ -13,8 +13,8 @@ import jobs.io.run_store as run_store_module
 from jobs.config import StorageConfig
 from jobs.io.run_store import DamagedPart, RunStore
 from jobs.io.storage import s3_client, put_verified
-from tests.integration.conftest import BUCKET
-from tests.unit.jobs.analysis.conftest import make_row
+from tests.integration.helpers import BUCKET
+from tests.support.run_rows import make_row
 
 pytestmark = pytest.mark.integration
 

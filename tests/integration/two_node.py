@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,16 +139,6 @@ class TwoNodeCluster:
     def stop(self) -> None:
         stop_session(self.temp_dir, grace_s=10)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def run_name() -> str:

@@ -1,17 +1,15 @@
-"""Shared helpers for the dashboards tests."""
+"""Paths and metric-name helpers shared by the dashboards tests (unit and promtool)."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Iterable, List, Set
 
-import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DASH = REPO / "dashboards"
 RULES = DASH / "prometheus" / "raygen_rules.yml"
 RULES_TEST = DASH / "prometheus" / "raygen_rules_test.yml"
@@ -22,19 +20,6 @@ PROM_CONFIG = REPO / "cluster" / "prometheus" / "prometheus.yml"
 _METRIC_RE = re.compile(r"(?<![\w:])(ray_raygen_\w+)")
 _RECORD_RE = re.compile(r"(?<![\w:])(raygen:\w+:\w+)")
 _SGLANG_RE = re.compile(r"(?<![\w:])(sglang:\w+)")
-
-
-@pytest.fixture(scope="session")
-def promtool() -> str:
-    """Path of promtool. Fails (never skips): these checks are the point of the suite."""
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail(
-            "promtool not found on PATH. Install it with `apt-get install -y prometheus` "
-            "(Debian; provides promtool) or via the project's setup target, then re-run.",
-            pytrace=False,
-        )
-    return path
 
 
 def run_promtool(promtool: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

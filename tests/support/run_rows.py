@@ -1,4 +1,4 @@
-"""Synthetic runs for the reporting tests: rows that match jobs.io.schema exactly."""
+"""Synthetic runs for tests that read runs back: rows that match jobs.io.schema exactly."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
-import pytest
-
-from jobs.config import StorageConfig
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA, FAILURES, REJECTS
 
@@ -61,11 +58,6 @@ def failure_row(key: str, error_class: str, seconds: int = 0) -> dict[str, Any]:
 def reject_row(line: int, reason: str) -> dict[str, Any]:
     return {"source": "in.jsonl", "line": line, "key": None, "id": None,
             "reason": reason, "raw": "{", "rejected_at": T0}
-
-
-@pytest.fixture
-def store(tmp_path) -> RunStore:
-    return RunStore(str(tmp_path / "run"), StorageConfig())
 
 
 def lognormal_lengths(n: int, median: float, sigma: float, seed: int) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""Fixtures that run the REAL simulator process (python -m serve_apps.engines.simulator).
+"""The REAL simulator process (python -m serve_apps.engines.simulator) for contract tests.
 
-Processes start in their own session (process group) and are killed by group
-at teardown, so a hung child can never outlive the test run.
+A process starts in its own session (process group) and stop() kills the group, so a
+hung child can never outlive the test run.
 """
 
 from __future__ import annotations
@@ -9,27 +9,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterator
+from typing import Any
 
-import pytest
-
+from serve_apps.engine_process import free_port
 from serve_apps.engines.simulator.launch import build_command
 from serve_apps.engines.simulator.settings import SimulatorSettings
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = 60.0  # generous: the machine may be shared with a Ray cluster
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(base: str, path: str, body: Any = None, *, timeout: float = 30.0, method: str | None = None) -> tuple[int, Any]:
@@ -109,25 +101,3 @@ class SimProcess:
                 pass
         self.proc.wait(timeout=10)
         self.log.close()
-
-
-@pytest.fixture(scope="session")
-def sim_factory() -> Iterator[Callable[..., SimProcess]]:
-    """start(**settings) -> a running simulator; every process is killed at session end."""
-    procs: list[SimProcess] = []
-
-    def start(require_ready: bool = True, **overrides: Any) -> SimProcess:
-        proc = SimProcess(SimulatorSettings(**overrides))
-        procs.append(proc)
-        proc.wait_listening(require_ready)
-        return proc
-
-    yield start
-    for p in procs:
-        p.stop()
-
-
-@pytest.fixture(scope="session")
-def sim_fast(sim_factory) -> SimProcess:
-    """Zero-latency simulator with default model settings, shared by the contract tests."""
-    return sim_factory(time_scale=0.0)

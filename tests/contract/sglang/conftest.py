@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.sglang import ORACLE_CONTEXT, ORACLE_MEDIAN_TOKENS, ORACLE_SIGMA, RaisingParser
+
 REPO = Path(__file__).resolve().parents[3]
 SGLANG_VERSION = "0.5.23"
 INSTALL_HINT = (f"SGLang {SGLANG_VERSION}'s parser and CPU runtime imports are needed by the "
@@ -65,20 +67,10 @@ def sglang() -> types.SimpleNamespace:
     return _import_sglang()
 
 
-class ParseError(Exception):
-    """SGLang's argparse rejected the command line (its message is the exception text)."""
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    # argparse prints and exits on a bad flag; tests want the message.
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        raise ParseError(message)
-
-
 @pytest.fixture(scope="session")
 def sglang_parser(sglang) -> argparse.ArgumentParser:
     """SGLang's launch-server parser, built exactly as ``prepare_server_args`` builds it."""
-    parser = _RaisingParser(prog="sglang serve")
+    parser = RaisingParser(prog="sglang serve")
     sglang.server_args.ServerArgs.add_cli_args(parser)
     return parser
 
@@ -86,9 +78,6 @@ def sglang_parser(sglang) -> argparse.ArgumentParser:
 
 # --- SGLang's real HTTP stack (tests/contract/sglang/sglang_stack.py) ---------------------
 
-ORACLE_CONTEXT = 1000          # small, so context edges are cheap to reach
-ORACLE_MEDIAN_TOKENS = 24.0    # short simulated outputs: a request costs milliseconds
-ORACLE_SIGMA = 0.3
 STACK_START_TIMEOUT_S = 300.0  # SGLang's import alone is ~7 s idle; the CI machine is shared
 
 

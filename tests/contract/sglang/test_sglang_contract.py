@@ -34,7 +34,9 @@ from serve_apps.config import EngineConfig, SpeculativeConfig
 from serve_apps.engine_client import EngineClient, parse_meta
 from serve_apps.engines.sglang import build_command
 from dashboards.metrics_catalog import SGLANG_SERIES
-from tests.contract.sglang.conftest import REPO, ParseError
+from tests.support.sglang import ParseError
+
+REPO = Path(__file__).resolve().parents[3]
 
 FIXTURES = REPO / "tests" / "fixtures" / "sglang"
 QWEN = REPO / "jobs" / "configs" / "qwen36-27b-b200.yaml"

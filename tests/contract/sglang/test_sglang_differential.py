@@ -18,6 +18,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,9 +29,10 @@ from serve_apps.engines.simulator import model as sim_model
 from serve_apps.engines.simulator import tokenizer as tk
 from serve_apps.engines.simulator.settings import SimulatorSettings
 from dashboards.metrics_catalog import SGLANG_SERIES
-from tests.contract.sglang.conftest import (ORACLE_CONTEXT, ORACLE_MEDIAN_TOKENS, REPO,
-                                            ORACLE_SIGMA)
-from tests.contract.simulator.conftest import SimProcess
+from tests.support.sglang import ORACLE_CONTEXT, ORACLE_MEDIAN_TOKENS, ORACLE_SIGMA
+from tests.support.simulator import SimProcess
+
+REPO = Path(__file__).resolve().parents[3]
 
 # Wall-clock values, and what the fake scheduler does not model (no radix cache).
 VOLATILE = {"id", "e2e_latency", "first_token_latency", "request_received_ts",

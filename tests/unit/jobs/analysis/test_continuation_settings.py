@@ -7,7 +7,7 @@ import pytest
 from jobs.runs.continuation import to_continue
 from jobs.pipeline.rows import continued_row
 from jobs.runs.run import RunError
-from tests.unit.jobs.analysis.conftest import make_row, write_rows
+from tests.support.run_rows import make_row, write_rows
 
 
 def test_rows_made_under_other_settings_are_not_continued(store):

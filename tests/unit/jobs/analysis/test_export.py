@@ -11,7 +11,7 @@ import pytest
 
 from jobs.analysis import export as ex
 from jobs.io.storage import write_json_atomic
-from tests.unit.jobs.analysis.conftest import make_row, write_rows
+from tests.support.run_rows import make_row, write_rows
 
 
 def read_jsonl(folder: Path) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 from jobs.analysis import finalize
 from jobs.io.schema import DATA
 from jobs.io.storage import write_json_atomic
-from tests.unit.jobs.analysis.conftest import failure_row, make_row, write_rows
+from tests.support.run_rows import failure_row, make_row, write_rows
 
 
 def build_run(store) -> list[dict]:

@@ -20,7 +20,7 @@ from jobs.runs.progress import ProgressTracker
 from jobs.pipeline.admission import key_digest
 from jobs.runs.run import RunState
 from jobs.io.run_store import RunStore
-from tests.unit.jobs.analysis.conftest import failure_row, make_row, write_rows
+from tests.support.run_rows import failure_row, make_row, write_rows
 
 GOOD_KEYS = [f"k{i:02d}" for i in range(12)]
 

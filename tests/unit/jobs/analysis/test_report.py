@@ -10,7 +10,7 @@ import pytest
 
 from jobs.analysis import report
 from jobs.io.run_store import RunStore
-from tests.unit.jobs.analysis.conftest import (failure_row, make_row, reject_row, write_rows)
+from tests.support.run_rows import (failure_row, make_row, reject_row, write_rows)
 
 CAP, CAP2 = 4096, 8192
 
