@@ -14,12 +14,15 @@ DEMO_ROWS ?= 2400
 .PHONY: setup prometheus run report test test-fast stack-up stack-down bench clean
 
 setup: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml cluster/install_sglang_oracle.sh
+# The project and its test extra: all the unit tier needs.
+$(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
-	# SGLang 0.5.23's own parser and CPU request path (no GPU stack) for the contract and
-	# oracle tests (tests/unit/production/).
+	touch $@
+$(VENV)/.installed: $(VENV)/.base cluster/install_sglang_oracle.sh
+	# SGLang 0.5.23's own parser and CPU request path (no GPU stack) for the contract
+	# tests against SGLang (tests/contract/sglang/).
 	bash cluster/install_sglang_oracle.sh $(VENV)
 	touch $@
 
@@ -42,11 +45,15 @@ run: stack-up
 	  --upload s3://raygen-demo/prompts/demo.jsonl
 	$(PY) -m jobs.generate --config jobs/configs/demo.yaml
 
+# Three tiers (tests/README.md): the pure unit tier in parallel, then contract and
+# integration in one process (they share one simulator, SGLang stack, Ray cluster and S3).
 test: setup prometheus
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests/unit -q -n auto
+	$(PY) -m pytest tests/contract tests/integration -q
 
-test-fast: setup
-	$(PY) -m pytest tests/unit -q
+# The unit tier alone: no services, no SGLang, no promtool; seconds.
+test-fast: $(VENV)/.base
+	$(PY) -m pytest tests/unit -q -n auto
 
 clean: stack-down
 	rm -rf .local

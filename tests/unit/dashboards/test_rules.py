@@ -3,45 +3,15 @@
 from __future__ import annotations
 
 import re
-import shutil
 
-import pytest
-import yaml
 
 from dashboards import alerts, build, thresholds
 from dashboards import metrics_catalog as mc
 
-from .conftest import (DASH, RULES, RULES_TEST, all_rules, assert_ok, load_yaml, metric_names, record_names,
-                       run_promtool)
-
-pytestmark = pytest.mark.prometheus
-
+from tests.support.dashboards import DASH, RULES_TEST, all_rules, load_yaml, metric_names, record_names
 
 def test_generated_rules_are_up_to_date():
     assert build.RULES_YML not in build.stale_files(), "run `python -m dashboards.build` and commit the result"
-
-
-def test_promtool_check_rules(promtool):
-    assert_ok(run_promtool(promtool, "check", "rules", str(RULES)))
-
-
-def test_promtool_test_rules(promtool):
-    # Run from the file's directory: rule_files paths are relative to it.
-    assert_ok(run_promtool(promtool, "test", "rules", RULES_TEST.name, cwd=RULES_TEST.parent))
-
-
-def test_grafana_form_of_alerts_passes_the_same_unit_tests(promtool, tmp_path):
-    """Grafana alerts inline the recording rules; prove the inlined PromQL behaves
-    exactly like the Prometheus alerts by running the same promtool cases on it."""
-    doc = alerts.prometheus_rules()
-    for rule in doc["groups"][0]["rules"]:
-        if "alert" in rule:
-            a = alerts.ALERTS_BY_NAME[rule["alert"]]
-            rule["expr"] = f"{alerts.inline_recording_rules(a.query)} {a.op} {a.threshold:g}"
-            assert not record_names([rule["expr"]]), rule["expr"]
-    (tmp_path / RULES.name).write_text(yaml.safe_dump(doc, sort_keys=False))
-    shutil.copy(RULES_TEST, tmp_path / RULES_TEST.name)
-    assert_ok(run_promtool(promtool, "test", "rules", RULES_TEST.name, cwd=tmp_path))
 
 
 def _alert_cases():

@@ -5,8 +5,6 @@ requires-python bound the pins need."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
@@ -20,7 +18,7 @@ from jobs import cli
 from jobs.config import StorageConfig
 from jobs.io.run_store import RunStore
 from jobs.io.storage import write_json_atomic
-from tests.unit.jobs.analysis.conftest import make_row, write_rows
+from tests.support.run_rows import make_row, write_rows
 
 REPO = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -40,16 +38,6 @@ def local_run(tmp_path: Path) -> RunStore:
     write_json_atomic(store.loc("progress.json"), {"status": "succeeded", "run": "r1",
                                                    "total": 2, "completed": 2})
     return store
-
-
-def test_the_console_script_is_installed_and_prints_help():
-    assert PYPROJECT["project"]["scripts"] == {"raygen": "jobs.cli:main"}
-    script = Path(sys.executable).parent / "raygen"
-    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    for name in cli.COMMANDS:
-        assert f"raygen {name} " in proc.stdout
-    assert "exit codes:" in proc.stdout
 
 
 @pytest.mark.parametrize("command", list(cli.COMMANDS))

@@ -12,6 +12,7 @@ import pytest
 from jobs.config import StorageConfig
 from jobs.runs.lease import LeaseHeld, RunLease, read_holder
 from jobs.io.run_store import RunStore
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -54,14 +55,11 @@ def test_renewal_keeps_the_lease_and_a_lost_lease_is_noticed(store, monkeypatch)
     monkeypatch.setattr("_thread.interrupt_main", lambda: interrupted.append(True))
     lease = RunLease(store, timeout_s=0.3).acquire()
     first = read_holder(store).renewed_at
-    deadline = time.monotonic() + 10
-    while read_holder(store).renewed_at == first and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: read_holder(store).renewed_at != first, 10, "the lease's renewal")
     assert read_holder(store).renewed_at > first  # renewed by its thread
     lease_file = Path(store.loc("lease.json").path)  # another job takes it (e.g. after a stall)
     lease_file.write_text(json.dumps(dict(json.loads(lease_file.read_text()), token="other")))
-    while not interrupted and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: interrupted, 10, "the driver to be interrupted")
     assert interrupted and "taken over" in lease.lost  # the driver is told to stop
     lease.release()
     assert read_holder(store).token == "other"  # and never deletes the taker's lease
@@ -77,17 +75,15 @@ def test_holder_is_named_by_the_ray_job_submission_id(monkeypatch):
 
 
 def test_a_dead_driver_on_this_host_is_taken_over_at_once(store):
-    import subprocess
-    import sys
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # a pid that no longer exists
+    # Above the kernel's pid_max: a pid no process on this host can have.
+    gone_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
     holder = RunLease(store, timeout_s=600).acquire()
     holder._stop.set()
     lease_file = Path(store.loc("lease.json").path)
-    lease_file.write_text(json.dumps(dict(json.loads(lease_file.read_text()), pid=gone.pid)))
+    lease_file.write_text(json.dumps(dict(json.loads(lease_file.read_text()), pid=gone_pid)))
     taker = RunLease(store, timeout_s=600).acquire()  # fresh (renewed now), yet taken
     try:
-        assert f"(pid {gone.pid} on this host) is gone" in taker.takeover
+        assert f"(pid {gone_pid} on this host) is gone" in taker.takeover
     finally:
         taker.release()
 

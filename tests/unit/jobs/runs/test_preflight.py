@@ -5,20 +5,18 @@ prints the plan and writes nothing (local runs here, no Ray)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import ray
 import yaml
 
-from jobs import generate
+from jobs import cli, generate
 from jobs.pipeline.admission import Admission, AdmissionTable
 from jobs.config import parse_config
 from jobs.runs.preflight import RejectTally, reason_kind, reject_problem
 from jobs.runs.run import RunError, run_job
 
-REPO = Path(__file__).resolve().parents[4]
 BAD = ['{"id": "b1", "messages": [', '{"id": "b2", "messages": []}', "not json at all",
        '{"id": "b3", "messages": [', '{"id": "p0", "messages": [{"role": "user", '
        '"content": "again"}]}']
@@ -114,24 +112,22 @@ def test_a_mostly_bad_input_stops_before_ray_with_its_rejects_written(tmp_path, 
     assert not (run / "lease.json").exists() and store.part_paths("data") == []
 
 
-def _cli(tmp_path: Path, tree: dict, *flags: str) -> subprocess.CompletedProcess:
-    """`raygen generate --config FILE --dry-run ...` in a fresh interpreter; reports
-    whether Ray was started (jobs.io.sources imports ray.data; importing starts nothing)."""
+def _cli(tmp_path: Path, tree: dict, capsys, *flags: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `raygen generate --config FILE --dry-run ...`; this
+    tier's conftest fails the test if it calls ray.init (jobs.io.sources imports ray.data;
+    importing starts nothing)."""
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(tree))
-    code = ("import sys; from jobs import cli; rc = cli.main(['generate', '--config', %r, "
-            "'--dry-run'] + %r); ray = sys.modules.get('ray'); "
-            "print('RAY' if ray and ray.is_initialized() else 'NORAY'); "
-            "sys.exit(rc)" % (str(config), list(flags)))
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    rc = cli.main(["generate", "--config", str(config), "--dry-run", *flags])
+    out, err = capsys.readouterr()
+    assert not ray.is_initialized()  # no cluster joined or started
+    return rc, out, err
 
 
-def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     tree = tree_for(tmp_path, 40, BAD[:1], max_new_tokens=2048)
-    proc = _cli(tmp_path, tree)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    rc, out, err = _cli(tmp_path, tree, capsys)
+    assert rc == 0, err
     for line in ["dry run of run r1: nothing deployed, nothing written",
                  "input:     41 rows in 1 file(s), 40 distinct valid ids",
                  "rejects:   1 (1 not yet in rejects/): 1 x not valid JSON",
@@ -143,17 +139,16 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
                  "replicas:  1..1 (serve.autoscaling min/max) of simulator engine "
                  "'sim-qwen', Serve app 'raygen'"]:
         assert line in out, out
-    assert out.strip().endswith("NORAY")  # no ray.init: no cluster joined or started
     assert not (tmp_path / "runs").exists()  # no rejects, inputs.json, lease, progress
 
 
-def test_dry_run_of_a_mostly_bad_input_says_the_run_would_stop(tmp_path):
-    proc = _cli(tmp_path, tree_for(tmp_path, 3, BAD))
-    assert proc.returncode == 1
-    assert proc.stderr.startswith("error: 5 of 8 input rows (62.5%) were rejected")
-    assert "a run writes every rejected row with its reason to rejects/" in proc.stderr
+def test_dry_run_of_a_mostly_bad_input_says_the_run_would_stop(tmp_path, capsys):
+    rc, _, err = _cli(tmp_path, tree_for(tmp_path, 3, BAD), capsys)
+    assert rc == 1
+    assert err.startswith("error: 5 of 8 input rows (62.5%) were rejected")
+    assert "a run writes every rejected row with its reason to rejects/" in err
     assert "guard:     62.5% rejected, limit job.max_reject_fraction=0.05: WOULD STOP before " \
-        "deploying" in proc.stderr
+        "deploying" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -170,7 +165,7 @@ def test_dry_run_refuses_modes_it_cannot_plan(tmp_path, flags, capsys):
 
 
 def test_after_the_guard_stopped_a_run_the_dry_run_names_the_written_rejects(tmp_path,
-                                                                           monkeypatch):
+                                                                           monkeypatch, capsys):
     """A rerun's admission hands over only new rejects; the reasons of the ones already in
     rejects/ are read from there, so the message is the same the second time."""
     import jobs.runs.run
@@ -178,7 +173,7 @@ def test_after_the_guard_stopped_a_run_the_dry_run_names_the_written_rejects(tmp
     tree = tree_for(tmp_path, 3, BAD)
     with pytest.raises(RunError) as first:
         run_job(parse_config(tree), False, False, None, KeyboardInterrupt)
-    proc = _cli(tmp_path, tree)
-    assert proc.returncode == 1
-    assert "rejects:   5 (0 not yet in rejects/): 3 x not valid JSON" in proc.stderr
-    assert proc.stderr.startswith("error: " + str(first.value).split(". No engine")[0])
+    rc, _, err = _cli(tmp_path, tree, capsys)
+    assert rc == 1
+    assert "rejects:   5 (0 not yet in rejects/): 3 x not valid JSON" in err
+    assert err.startswith("error: " + str(first.value).split(". No engine")[0])
