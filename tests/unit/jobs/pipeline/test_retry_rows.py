@@ -19,7 +19,8 @@ def test_breaker_waits_for_min_rows():
     breaker = Breaker(window_rows=100, min_rows=10, max_failure_fraction=0.5)
     for _ in range(9):
         breaker.record(True)  # 100% failures, but not enough rows for a verdict
-    with pytest.raises(CircuitOpen):
+    assert list(breaker.window) == [True] * 9  # recorded, and no verdict raised
+    with pytest.raises(CircuitOpen, match="10 of the last 10 rows"):
         breaker.record(True)
 
 
@@ -49,6 +50,9 @@ def test_breaker_old_failures_slide_out():
         breaker.record(False)    # the burst leaves the window
     for _ in range(5):
         breaker.record(True)     # 5 of 10 again: not above
+    assert list(breaker.window) == [False] * 5 + [True] * 5
+    with pytest.raises(CircuitOpen, match="6 of the last 10 rows"):
+        breaker.record(True)     # the breaker still judges: 6 of 10 > 50%
 
 
 def test_breaker_message_tells_what_to_do():
