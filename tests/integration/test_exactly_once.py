@@ -11,14 +11,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from jobs.runs.run import RunError
-from tests.integration.conftest import run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
                                        run_with_faults, set_faults, store_of, write_yaml)
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 APP = "raygen-test"
@@ -72,8 +72,13 @@ def test_engine_killed_mid_run_loses_nothing(ray_cluster, s3_endpoint, tmp_path)
     tree["serve"]["app_name"] = "raygen-enginekill"
     from ray import serve
 
-    def kill_one_engine():
-        time.sleep(8)
+    store = store_of(tree)
+    at_kill = {}
+
+    def kill_one_engine():  # once rows are durable: mid-run
+        at_kill["completed"] = wait_until(
+            lambda: (store.read_json("progress.json") or {}).get("completed", 0), 120,
+            "the first durable rows")
         info = serve.get_app_handle("raygen-enginekill").info.remote().result()
         os.killpg(info["engine_pid"], signal.SIGKILL)
 
@@ -81,6 +86,7 @@ def test_engine_killed_mid_run_loses_nothing(ray_cluster, s3_endpoint, tmp_path)
     killer.start()
     summary = run(tree)
     killer.join()
+    assert 0 < at_kill["completed"] < 200, "the kill must land mid-run"
     assert summary.status == "succeeded"
     _assert_exactly_once(tree, 200)
     assert read(tree, "failures").empty
@@ -189,12 +195,8 @@ def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp
     log = open(tmp_path / "driver.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     store = store_of(tree)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until some rows are durable
-        progress = store.read_json("progress.json") or {}
-        if progress.get("completed", 0) > 0:
-            break
-        time.sleep(0.5)
+    wait_until(lambda: (store.read_json("progress.json") or {}).get("completed", 0), 120,
+               "some rows to be durable")
     proc.send_signal(signal.SIGTERM)
     killed = False
     try:  # as `ray job stop` does: SIGKILL 3 s after SIGTERM

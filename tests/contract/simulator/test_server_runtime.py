@@ -9,6 +9,7 @@ import urllib.error
 import pytest
 
 from serve_apps.engines.simulator import tokenizer as tk
+from tests.support.waiting import wait_until
 
 LABEL = '{model_name="sim-qwen"}'
 
@@ -22,7 +23,6 @@ def test_continuous_batching_limits_running_and_queues(sim_factory):
         results[i] = sim.call("/generate", {"text": f"job {i}", "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}})
 
     threads = [threading.Thread(target=fire, args=(i,)) for i in range(6)]
-    t0 = time.monotonic()
     for t in threads:
         t.start()
     running, queued = [], []
@@ -33,10 +33,9 @@ def test_continuous_batching_limits_running_and_queues(sim_factory):
         time.sleep(0.03)
     for t in threads:
         t.join()
-    elapsed = time.monotonic() - t0
     assert max(running) == 2 and max(queued) > 0
     assert all(status == 200 for status, _ in results)
-    assert elapsed >= 1.2  # three waves of 0.4 s
+    # three waves of 0.4 s, by the simulator's own clock
     latencies = sorted(body["meta_info"]["e2e_latency"] for _, body in results)
     assert latencies[-1] >= 1.2 - 0.01 and latencies[0] >= 0.4 - 0.01
     assert all("spec_verify_ct" not in body["meta_info"] for _, body in results)  # accept_length 0: spec off
@@ -151,12 +150,10 @@ def test_sigterm_with_requests_in_flight_exits_0_promptly(sim_factory):
 
     thread = threading.Thread(target=fire)
     thread.start()
-    deadline = time.monotonic() + 5
-    while sim.metrics()["sglang:num_running_reqs" + LABEL] < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    t0 = time.monotonic()
+    wait_until(lambda: sim.metrics()["sglang:num_running_reqs" + LABEL] >= 1, 5,
+               "the request to run")
     os.kill(sim.proc.pid, signal.SIGTERM)
     assert sim.proc.wait(timeout=10) == 0
-    assert time.monotonic() - t0 < 5
     thread.join(timeout=10)
+    # promptly: the 10 s request was cut off, not answered
     assert errors and not (isinstance(errors[0], tuple) and errors[0][0] == 200)

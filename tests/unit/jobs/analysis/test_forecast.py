@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from jobs.analysis import forecast as F
-from tests.unit.jobs.analysis.conftest import censor, lognormal_lengths
+from tests.support.run_rows import censor, lognormal_lengths
 
 MEDIAN, SIGMA, CAP = 2300, 0.63, 4096
 MU = math.log(MEDIAN)
@@ -175,9 +175,9 @@ def test_forecast_of_100k_rows_is_fast():
     lengths = lognormal_lengths(100_000, MEDIAN, SIGMA, seed=8)
     df = frame(lengths)
     df["category"] = np.random.default_rng(0).choice(["a", "b", "c", "d", "e"], lengths.size)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: robust to other processes sharing the machine
     rows = F.forecast(df, [5120, 6144, 8192, 16384])
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
     assert len(rows) == 4
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from jobs.pipeline.retry import CallIncomplete
 from jobs.pipeline.row_sender import RowSender
+from tests.support.virtual_time import run_virtual
 
 
 class StreamingHandle:
@@ -69,7 +70,7 @@ def test_rows_ready_together_share_calls_and_each_gets_its_own_result():
     async def main():
         return await asyncio.gather(*(sender.send(r) for r in requests(40)))
 
-    results = asyncio.run(main())
+    results = run_virtual(main)
     assert [r["echo"] for r in results] == list(range(40))
     assert sorted(k for call in handle.calls for k in call) == sorted(f"k{i}" for i in range(40))
     assert max(len(c) for c in handle.calls) == 16 and len(handle.calls) <= 4
@@ -82,7 +83,7 @@ def test_rows_per_call_one_sends_each_row_alone():
     async def main():
         return await asyncio.gather(*(sender.send(r) for r in requests(10)))
 
-    asyncio.run(main())
+    run_virtual(main)
     assert len(handle.calls) == 10 and all(len(c) == 1 for c in handle.calls)
 
 
@@ -93,7 +94,7 @@ def test_in_flight_never_exceeds_the_slots():
     async def main():
         await asyncio.gather(*(sender.send(r) for r in requests(30)))
 
-    asyncio.run(main())
+    run_virtual(main)
     assert handle.max_inflight == 5
 
 
@@ -114,9 +115,9 @@ def test_a_slow_row_holds_one_slot_not_its_chunk():
 
         await asyncio.gather(*(one(r) for r in requests(12)))
 
-    asyncio.run(main())
+    run_virtual(main)
     assert handle.calls[0] == ["k0", "k1", "k2", "k3"]
-    assert finished["k0"] >= 1.0
+    assert finished["k0"] == pytest.approx(1.0, abs=0.02)  # its own 1 s (plus the linger)
     assert max(t for k, t in finished.items() if k != "k0") < 0.5
 
 
@@ -131,7 +132,7 @@ def test_a_call_that_fails_midway_fails_only_its_unanswered_rows_and_frees_their
         after = await asyncio.gather(*(sender.send(r) for r in requests(3)))  # slots back
         return first, after
 
-    first, after = asyncio.run(main())
+    first, after = run_virtual(main)
     assert first[0] == {"key": "k0", "echo": 0}
     assert all(isinstance(e, ConnectionError) for e in first[1:])
     assert [r["key"] for r in after] == ["k0", "k1", "k2"]
@@ -145,7 +146,7 @@ def test_a_stream_that_ends_without_a_row_raises_call_incomplete_for_it():
         return await asyncio.gather(*(sender.send(r) for r in requests(3)),
                                     return_exceptions=True)
 
-    out = asyncio.run(main())
+    out = run_virtual(main)
     assert out[0]["key"] == "k0" and out[2]["key"] == "k2"
     assert isinstance(out[1], CallIncomplete)
 
@@ -158,7 +159,7 @@ def test_when_slots_are_scarce_a_call_waits_up_to_the_linger_to_gather_freed_slo
     async def main():
         await asyncio.gather(*(sender.send(r) for r in requests(8)))
 
-    asyncio.run(main())
+    run_virtual(main)
     assert handle.calls == [["k0", "k1", "k2", "k3"], ["k4", "k5", "k6", "k7"]]
 
 
@@ -172,9 +173,9 @@ def test_a_short_chunk_goes_after_the_linger():
         await sender.send(requests(1)[0])
         return loop.time() - start
 
-    took = asyncio.run(main())
+    took = run_virtual(main)
     assert handle.calls == [["k0"]]
-    assert 0.05 <= took < 0.5
+    assert took == pytest.approx(0.05 + 0.01, abs=1e-6)  # the linger, then the 0.01 s call
 
 
 def test_a_failed_dispatcher_fails_its_rows_and_the_next_send_restarts_it():
@@ -192,7 +193,7 @@ def test_a_failed_dispatcher_fails_its_rows_and_the_next_send_restarts_it():
         sender._wait_change = real_wait
         return await sender.send(requests(2)[1]), sender._free
 
-    result, free = asyncio.run(main())
+    result, free = run_virtual(main)
     assert result == {"key": "k1", "echo": 1}
     assert free == 2  # the failed row's slot came back
 
@@ -240,7 +241,7 @@ def test_a_poison_row_fails_alone_and_is_not_retried():
     async def go():
         return await asyncio.gather(*(gen._one(r) for r in rows))
 
-    outs = {o["key"]: o for o in asyncio.run(go())}
+    outs = {o["key"]: o for o in run_virtual(go)}
     assert [outs[k]["_kind"] for k in keys] == ["data", "data", "failures", "data"]
     bad = outs["bad"]
     assert bad["error_class"] == "replica_error" and bad["retryable"] is False

@@ -1,15 +1,27 @@
-"""Timing model, in-process (no HTTP): wall times follow the continuous-batching arithmetic."""
+"""Timing model, in-process (no HTTP): wall times follow the continuous-batching arithmetic.
+
+The scheduler runs on a virtual clock (tests/support/virtual_time.py), so the times below
+are exact, whatever the machine's load, and the tests take no real time."""
 
 import asyncio
-import time
+import types
 
 import pytest
 
-from serve_apps.engines.simulator.scheduler import Scheduler
+from serve_apps.engines.simulator import scheduler as scheduler_module
+from serve_apps.engines.simulator.scheduler import RETIRE_SLACK_WALL_S, Scheduler
+from tests.support.virtual_time import VirtualClock, run_virtual
 
-# Lower bounds allow 1 ms: asyncio may wake a sleeper up to its clock resolution early,
-# and CI saw 0.09995 s for a 0.1 s wait.
-SLACK_S = 0.001
+# The scheduler retires completions within this much wall time of each other together.
+EXACT = RETIRE_SLACK_WALL_S + 1e-9
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch) -> VirtualClock:
+    """The scheduler's time.monotonic and the test loop's clock: one virtual clock."""
+    clock = VirtualClock()
+    monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    return clock
 
 
 def make(**kw) -> Scheduler:
@@ -26,42 +38,42 @@ def make(**kw) -> Scheduler:
 
 
 async def timed(s: Scheduler, *args, **kw) -> float:
-    t = time.monotonic()
+    loop = asyncio.get_running_loop()
+    t = loop.time()
     await s.run(*args, **kw)
-    return time.monotonic() - t
+    return loop.time() - t
 
 
-def test_single_request_decodes_at_per_request_speed():
+def test_single_request_decodes_at_per_request_speed(clock):
     async def go():
         s = make(time_scale=0.01)
         return await timed(s, 10, 10, 2000), s.stats()
 
-    elapsed, st = asyncio.run(go())
-    assert 0.2 - SLACK_S <= elapsed < 0.6  # 2000 tok / 100 tok/s = 20 sim s = 0.2 wall s
+    elapsed, st = run_virtual(go, clock)
+    assert elapsed == pytest.approx(0.2, abs=EXACT)  # 2000 tok / 100 tok/s = 20 sim s = 0.2 wall s
     assert (st.generation_tokens_total, st.prompt_tokens_total, st.requests_total, st.running, st.queued) == (2000, 10, 1, 0, 0)
 
 
-def test_prefill_time_then_decode():
+def test_prefill_time_then_decode(clock):
     async def go():
         s = make(time_scale=0.01, prefill_tok_s=1000.0)
         return await timed(s, 20000, 20000, 100)
 
-    elapsed = asyncio.run(go())
-    assert 0.2 + 0.01 - SLACK_S <= elapsed < 0.6  # 20 sim s prefill + 1 sim s decode
+    elapsed = run_virtual(go, clock)
+    assert elapsed == pytest.approx(0.2 + 0.01, abs=EXACT)  # 20 sim s prefill + 1 sim s decode
 
 
-def test_aggregate_cap_is_shared():
+def test_aggregate_cap_is_shared(clock):
     async def go():
         s = make(time_scale=0.01, max_decode_tok_s=200.0)
         # 4 requests: each gets min(100, 200/4) = 50 tok/s -> 500 tokens take 10 sim s = 0.1 wall s.
         return await asyncio.gather(*(timed(s, 1, 1, 500) for _ in range(4)))
 
-    for elapsed in asyncio.run(go()):
-        # lower bound: the cap is shared (unshared would be 0.05)
-        assert 0.1 - SLACK_S <= elapsed < 0.4
+    for elapsed in run_virtual(go, clock):
+        assert elapsed == pytest.approx(0.1, abs=EXACT)  # the cap is shared (unshared: 0.05)
 
 
-def test_queue_is_fifo_and_bounded_by_max_running():
+def test_queue_is_fifo_and_bounded_by_max_running(clock):
     async def go():
         s = make(time_scale=0.01, max_running_requests=2)
         seen = []
@@ -77,40 +89,38 @@ def test_queue_is_fifo_and_bounded_by_max_running():
         w.cancel()
         return times, seen
 
-    times, seen = asyncio.run(go())
+    times, seen = run_virtual(go, clock)
     assert max(r for r, _ in seen) == 2 and max(q for _, q in seen) == 4
     # Three waves of 0.1 s each; FIFO order means later submissions finish later.
-    for wave, t in zip((1, 1, 2, 2, 3, 3), times):
-        assert 0.1 * wave - SLACK_S <= t < 0.1 * wave + 0.3
+    assert times == pytest.approx([0.1, 0.1, 0.2, 0.2, 0.3, 0.3], abs=EXACT)
     assert max(times[:2]) < min(times[2:4]) and max(times[2:4]) < min(times[4:])  # FIFO across waves
 
 
-def test_slow_requests_take_slow_factor_longer():
+def test_slow_requests_take_slow_factor_longer(clock):
     async def go():
         s = make(time_scale=0.02)
         return await asyncio.gather(timed(s, 1, 1, 500), timed(s, 1, 1, 500, slow_factor=4.0))
 
-    fast, slow = asyncio.run(go())
+    fast, slow = run_virtual(go, clock)
     # 500 tokens: 5 sim s = 0.1 wall s; four times slower = 0.4 wall s.
-    assert 0.1 - SLACK_S <= fast < 0.35 and 0.4 - SLACK_S <= slow < 0.8
+    assert (fast, slow) == pytest.approx((0.1, 0.4), abs=EXACT)
 
 
-def test_zero_latency_mode_never_waits_but_counts():
+def test_zero_latency_mode_never_waits_but_counts(clock):
     async def go():
         s = make(time_scale=0.0)
-        t = time.monotonic()
         for _ in range(1000):
             await s.run(100, 100, 4096, verify_steps=1366)
-        return time.monotonic() - t, s.stats()
+        return clock.now, s.stats()
 
-    elapsed, st = asyncio.run(go())
-    assert elapsed < 2.0  # 4M tokens at 3500 tok/s would be 1170 sim s if it waited
+    elapsed, st = run_virtual(go, clock)
+    assert elapsed == 0.0  # 4M tokens at 3500 tok/s would be 1170 sim s if it waited
     assert st.generation_tokens_total == 4_096_000 and st.requests_total == 1000 and st.prompt_tokens_total == 100_000
     assert st.capacity_tok_s == 0.0 and st.running == 0
     assert st.spec_accept_length == pytest.approx(4096 / 1366)
 
 
-def test_cancel_frees_the_slot():
+def test_cancel_frees_the_slot(clock):
     async def go():
         s = make(time_scale=0.01, max_running_requests=1)
         hog = asyncio.create_task(s.run(1, 1, 100_000))
@@ -122,11 +132,13 @@ def test_cancel_frees_the_slot():
         elapsed = await waiting
         return elapsed, s.stats()
 
-    elapsed, st = asyncio.run(go())
-    assert elapsed < 2.0 and st.running == 0 and st.requests_total == 1  # the hog (10 s wall) was dropped
+    elapsed, st = run_virtual(go, clock)
+    # queued 0.02 s behind the hog (10 s wall), then 100 tokens in 0.01 s once it was dropped
+    assert elapsed == pytest.approx(0.03, abs=EXACT)
+    assert st.running == 0 and st.requests_total == 1
 
 
-def test_metrics_while_running():
+def test_metrics_while_running(clock):
     async def go():
         s = make(time_scale=0.01, context_length=10_000, max_running_requests=4)
         tasks = [asyncio.create_task(s.run(1000, 1000, 1000)) for _ in range(2)]
@@ -135,7 +147,7 @@ def test_metrics_while_running():
         await asyncio.gather(*tasks)
         return mid, s.stats()
 
-    mid, end = asyncio.run(go())
+    mid, end = run_virtual(go, clock)
     assert mid.running == 2
     # 2 x (1000 prompt + ~500 decoded) over a 40,000-token pool.
     assert 0.06 < mid.token_usage < 0.09
@@ -145,24 +157,25 @@ def test_metrics_while_running():
     assert end.token_usage == 0.0
 
 
-def test_idle_scheduler_has_no_driver_task():
+def test_idle_scheduler_has_no_driver_task(clock):
     async def go():
         s = make(time_scale=0.001)
         await s.run(1, 1, 10)
         await asyncio.sleep(0)
         return s._driver
 
-    assert asyncio.run(go()) is None
+    assert run_virtual(go, clock) is None
 
 
-def test_hundreds_of_concurrent_requests():
+def test_hundreds_of_concurrent_requests(clock):
     async def go():
         s = make(time_scale=0.001, max_running_requests=48)
-        t = time.monotonic()
         await asyncio.gather(*(s.run(100, 100, 2000) for _ in range(400)))
-        return time.monotonic() - t, s.stats()
+        return clock.now, s.stats()
 
-    elapsed, st = asyncio.run(go())
-    # 800k tokens at the 3500 tok/s cap = 228.6 sim s = 0.229 wall s (plus prefill, negligible).
-    assert 0.22 - SLACK_S <= elapsed < 2.0
+    elapsed, st = run_virtual(go, clock)
+    # 8 full waves of 48 share the 3500 tok/s cap; the last 16 run at 100 tok/s each;
+    # each of the 9 waves first prefills 100 tokens at 20,000 tok/s.
+    sim_s = 8 * 2000 / (3500 / 48) + 2000 / 100 + 9 * 100 / 20000
+    assert elapsed == pytest.approx(sim_s * 0.001, abs=EXACT)
     assert st.generation_tokens_total == 800_000 and st.requests_total == 400
