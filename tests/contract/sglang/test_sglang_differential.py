@@ -230,22 +230,23 @@ def test_engine_client_reads_both_alike(sglang_stack, sim):
     assert real.reasoning_tokens and real.num_retractions == 0
 
 
-@pytest.mark.slow
 def test_engine_client_survives_uvicorn_keepalive_closes(sglang_stack):
-    """uvicorn (SGLang's 5 s keep-alive) closes idle connections; no call may fail for it."""
-    async def run():
+    """uvicorn (SGLang's 5 s keep-alive) closes idle connections; no call may fail for it.
+    One client per idle gap, side by side: each gap is tested on its own connection."""
+    async def call_idle_call(gap_s: float):
         client = EngineClient(sglang_stack.base, request_timeout_s=60)
         try:
-            outs = []
-            for gap_s in (5.2, 5.5, 6.0):  # idle longer than the server keeps a connection
-                outs.append(await client.generate(chat_ids(QUESTION), {"max_new_tokens": 4}, "k"))
-                await asyncio.sleep(gap_s)
-            outs.append(await client.generate(chat_ids(QUESTION), {"max_new_tokens": 4}, "k"))
-            return outs
+            rid = f"k-{gap_s}"  # requests in flight at once need their own ids
+            first = await client.generate(chat_ids(QUESTION), {"max_new_tokens": 4}, rid)
+            await asyncio.sleep(gap_s)  # idle longer than the server keeps a connection
+            return first, await client.generate(chat_ids(QUESTION), {"max_new_tokens": 4}, rid)
         finally:
             await client.close()
-    outs = asyncio.run(run())
-    assert [o.finish_reason for o in outs] == ["length"] * 4
+
+    async def run():
+        return await asyncio.gather(*(call_idle_call(gap_s) for gap_s in (5.2, 5.5, 6.0)))
+    outs = [out for pair in asyncio.run(run()) for out in pair]
+    assert [o.finish_reason for o in outs] == ["length"] * 6
     assert KEEPALIVE_S < 5.0
 
 
