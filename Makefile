@@ -10,6 +10,8 @@ export AWS_EC2_METADATA_DISABLED := true
 export RAY_USAGE_STATS_ENABLED := 0
 export RAYGEN_S3_ENDPOINT ?= http://127.0.0.1:9330
 DEMO_ROWS ?= 2400
+# Extra pytest options for the test targets, e.g. make test PYTEST_FLAGS=--durations=50
+PYTEST_FLAGS ?=
 
 .PHONY: setup prometheus run report test test-fast stack-up stack-down bench clean
 
@@ -48,12 +50,12 @@ run: stack-up
 # Three tiers (tests/README.md): the pure unit tier in parallel, then contract and
 # integration in one process (they share one simulator, SGLang stack, Ray cluster and S3).
 test: setup prometheus
-	$(PY) -m pytest tests/unit -q -n auto
-	$(PY) -m pytest tests/contract tests/integration -q
+	$(PY) -m pytest tests/unit -q -n auto $(PYTEST_FLAGS)
+	$(PY) -m pytest tests/contract tests/integration -q $(PYTEST_FLAGS)
 
 # The unit tier alone: no services, no SGLang, no promtool; seconds.
 test-fast: $(VENV)/.base
-	$(PY) -m pytest tests/unit -q -n auto
+	$(PY) -m pytest tests/unit -q -n auto $(PYTEST_FLAGS)
 
 clean: stack-down
 	rm -rf .local
