@@ -20,6 +20,10 @@ from jobs.io.run_store import RunStore
 
 BUCKET = "raygen-test"
 FAST_SIM = {"time_scale": 0.002, "accept_length": 3.0}
+# Runs slow enough to interrupt mid-way (kills, SIGTERM, outages) share one app of their
+# own: switching the default app's engine settings back and forth would redeploy it.
+SLOW_APP = "raygen-slow"
+SLOW_ENGINE = {"simulator": {"time_scale": 0.01}}
 
 
 def run_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, run_name: str = "",

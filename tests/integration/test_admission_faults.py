@@ -13,7 +13,7 @@ import yaml
 
 from bench.chaos import chaos_trial
 from jobs.pipeline.validate import parse_row
-from tests.integration.helpers import run_config, write_prompts
+from tests.integration.helpers import SLOW_APP, SLOW_ENGINE, run_config, write_prompts
 from tests.integration.helpers import assert_run_exact, read, run, store_of
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def test_chaos_kill_data_plane_workers_then_rerun_is_exact(ray_cluster, s3_endpo
                           job={"rows_per_file": 16, "batch_size": 8, "max_actors": 2,
                                "retries": {"max_attempts": 8, "backoff_initial_s": 0.2,
                                            "backoff_max_s": 2}},
-                          engine={"simulator": {"time_scale": 0.01}})
+                          engine=SLOW_ENGINE, app_name=SLOW_APP)
         cfg = tmp_path / f"chaos{seed}.yaml"
         cfg.write_text(yaml.safe_dump(tree))
         result = chaos_trial(cfg, os.getpid(), seed, kills=6, log_dir=tmp_path, stages=stages,

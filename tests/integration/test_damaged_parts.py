@@ -45,7 +45,7 @@ def _damage(store) -> dict[str, int]:
 def test_damaged_parts_are_quarantined_and_their_rows_regenerated(
         ray_cluster, s3_endpoint, tmp_path, capsys):
     prompts = write_prompts(tmp_path / "p.jsonl", ROWS)
-    tree = run_config(tmp_path, s3_endpoint, rows_file=str(prompts), app_name="damaged",
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(prompts),
                       job={"rows_per_file": 8})
     assert run(tree).status == "succeeded"
     store = store_of(tree)

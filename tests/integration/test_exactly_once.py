@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from jobs.runs.run import RunError
-from tests.integration.helpers import run_config, write_prompts
+from tests.integration.helpers import SLOW_APP, SLOW_ENGINE, run_config, write_prompts
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
                                        run_with_faults, set_faults, store_of, write_yaml)
 from tests.support.waiting import wait_until
@@ -68,8 +68,7 @@ def test_engine_killed_mid_run_loses_nothing(ray_cluster, s3_endpoint, tmp_path)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                       job={"retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
                                        "backoff_max_s": 3}},
-                      engine={"simulator": {"time_scale": 0.01}})
-    tree["serve"]["app_name"] = "raygen-enginekill"
+                      engine=SLOW_ENGINE, app_name="raygen-enginekill")
     from ray import serve
 
     store = store_of(tree)
@@ -189,7 +188,7 @@ def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp
     rows = write_prompts(tmp_path / "p.jsonl", 240)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                       job={"rows_per_file": 16, "batch_size": 8},
-                      engine={"simulator": {"time_scale": 0.01}})
+                      engine=SLOW_ENGINE, app_name=SLOW_APP)
     cfg = write_yaml(tmp_path / "term.yaml", tree)
     cmd = [sys.executable, "-m", "jobs.generate", "--config", str(cfg)]
     log = open(tmp_path / "driver.log", "w")

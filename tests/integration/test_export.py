@@ -41,7 +41,7 @@ def finished_run(ray_cluster, s3_endpoint, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     rows = write_prompts(tmp / "prompts.jsonl", 37, extra_lines=[
         json.dumps(SHAREGPT), json.dumps(PARTS), json.dumps(TOOLS), json.dumps(ALPACA)])
-    tree = run_config(tmp, s3_endpoint, rows_file=str(rows), app_name="raygen-export")
+    tree = run_config(tmp, s3_endpoint, rows_file=str(rows))
     assert run(tree).status == "succeeded"
     assert run(tree, continue_truncated=True, max_total_tokens=8192).status == "succeeded"
     data = read(tree, "data").sort_values(["key", "version"])

@@ -18,7 +18,7 @@ from ray import serve
 
 from jobs import generate
 from jobs.analysis.status import holder_line
-from tests.integration.helpers import run_config, write_prompts
+from tests.integration.helpers import SLOW_APP, SLOW_ENGINE, run_config, write_prompts
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
                                        run_with_faults, set_faults, store_of, write_yaml)
 from tests.support.waiting import wait_until
@@ -114,7 +114,7 @@ def test_one_job_per_run_and_takeover_after_sigkill(ray_cluster, s3_endpoint, tm
     rows = write_prompts(tmp_path / "p.jsonl", 240)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                       job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 6},
-                      engine={"simulator": {"time_scale": 0.01}})
+                      engine=SLOW_ENGINE, app_name=SLOW_APP)
     cfg = write_yaml(tmp_path / "lease.yaml", tree)
     store = store_of(tree)
     first = _driver(cfg, open(tmp_path / "a.log", "w"))
@@ -212,7 +212,7 @@ def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_
     rows = write_prompts(tmp_path / "p.jsonl", 160)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                       job={"rows_per_file": 16, "batch_size": 8},
-                      engine={"simulator": {"time_scale": 0.01}})
+                      engine=SLOW_ENGINE, app_name=SLOW_APP)
     direct = store_of(tree)  # the test watches past the proxy
     tree["storage"]["endpoint_url"] = f"http://127.0.0.1:{proxy.port}"
     outcome: dict = {}
