@@ -3,6 +3,7 @@ moto S3 over HTTP for input and output; the Parquet read back with pandas."""
 
 from __future__ import annotations
 
+import copy
 import io
 
 import boto3
@@ -30,14 +31,23 @@ def _read_parquet_prefix(endpoint: str, prefix: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def test_job_writes_one_row_per_prompt_to_s3(ray_cluster, s3_endpoint, tmp_path):
+@pytest.fixture(scope="module")
+def e2e_run(ray_cluster, s3_endpoint, tmp_path_factory):
+    """One 120-row run from S3 input (the tests below check different things of it)."""
+    tmp_path = tmp_path_factory.mktemp("e2e")
     local = write_prompts(tmp_path / "prompts.jsonl", 120)
     boto3.client("s3", endpoint_url=s3_endpoint).upload_file(
         str(local), BUCKET, "inputs/e2e.jsonl")
-    cfg = parse_config(run_config(tmp_path, s3_endpoint, rows_file=f"s3://{BUCKET}/inputs/e2e.jsonl",
-                                  run_name="e2e"))
-    summary = run_job(cfg, retry_failed=False, continue_truncated=False,
+    tree = run_config(tmp_path, s3_endpoint, rows_file=f"s3://{BUCKET}/inputs/e2e.jsonl",
+                      run_name="e2e")
+    summary = run_job(parse_config(tree), retry_failed=False, continue_truncated=False,
                       max_total_tokens=None, stop_exc=_Never)
+    return tree, summary
+
+
+def test_job_writes_one_row_per_prompt_to_s3(e2e_run, s3_endpoint):
+    tree, summary = e2e_run
+    cfg = parse_config(tree)
     assert summary.status == "succeeded"
 
     df = _read_parquet_prefix(s3_endpoint, "runs/e2e/data/")
@@ -65,10 +75,8 @@ def test_job_writes_one_row_per_prompt_to_s3(ray_cluster, s3_endpoint, tmp_path)
     assert len(_read_parquet_prefix(s3_endpoint, "runs/e2e/data/")) == 120
 
 
-def test_rerun_with_another_budget_is_refused(ray_cluster, s3_endpoint, tmp_path):
-    rows = write_prompts(tmp_path / "p.jsonl", 20)
-    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), run_name="budget-mix")
-    run_job(parse_config(tree), False, False, None, _Never)
+def test_rerun_with_another_budget_is_refused(e2e_run):
+    tree = copy.deepcopy(e2e_run[0])
     tree["job"]["max_new_tokens"] = 8192
     with pytest.raises(RunError, match="--continue-truncated --max-total-tokens 8192"):
         run_job(parse_config(tree), False, False, None, _Never)
