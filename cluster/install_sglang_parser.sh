@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install SGLang 0.5.23's *argument parser* (not its GPU stack) into a venv, so the
-# contract tests (tests/unit/production/) can parse every launch command raygen builds
+# contract tests (tests/contract/sglang/) can parse every launch command raygen builds
 # with SGLang's own `ServerArgs.add_cli_args` / `prepare_server_args`.
 #
 #   cluster/install_sglang_parser.sh [VENV]        # VENV defaults to .venv
