@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from serve_apps.config import EngineConfig
+from contract.config import SimulatorEngineConfig
 from serve_apps.engine_client import EngineClient
 from serve_apps.engine_process import (EngineProcess, engine_port, ephemeral_range, free_port,
                                        start_engine)
@@ -43,7 +43,7 @@ def _group_pids(pgid: int) -> list[int]:
 
 
 def _engine(**sim) -> EngineProcess:
-    cfg = EngineConfig(kind="simulator", context_length=8192,
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=8192,
                        speculative={"algorithm": "NEXTN"},
                        simulator={"time_scale": 0.001, **sim})
     port = free_port()
@@ -88,7 +88,7 @@ def test_engine_port_is_outside_the_ephemeral_range():
 def test_engine_start_retries_on_a_port_taken_before_the_bind():
     """Another socket takes the chosen port before the engine binds it: the engine dies
     with "address already in use" and the start is retried on a new port."""
-    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
@@ -106,7 +106,7 @@ def test_engine_start_retries_on_a_port_taken_before_the_bind():
 
 
 def test_engine_start_gives_up_after_the_last_attempt():
-    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()

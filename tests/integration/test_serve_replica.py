@@ -11,7 +11,7 @@ import pytest
 from ray import serve
 
 from serve_apps.app import deploy_or_attach
-from serve_apps.config import EngineConfig, ServeConfig
+from contract.config import ServeConfig, SimulatorEngineConfig
 from tests.integration.test_engine_process import _group_pids, _request
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def _info_or_none(handle):
 
 
 def test_engine_crash_restarts_replica_and_delete_leaves_no_orphan(ray_cluster):
-    engine = EngineConfig(kind="simulator", model_path="sim-crash", context_length=8192,
+    engine = SimulatorEngineConfig(kind="simulator", model_path="sim-crash", context_length=8192,
                           simulator={"time_scale": 0.001})
     cfg = ServeConfig(app_name="crash-test", health_check_period_s=1, health_check_timeout_s=5,
                       num_cpus_per_replica=0.1,
