@@ -2,27 +2,24 @@
 
 ``load_config(path, overrides)`` reads YAML with ``yaml.safe_load``, applies
 ``--set dotted.key=value`` overrides (values parsed as YAML), and validates. Unknown
-keys and bad values raise ConfigError naming the dotted key. Cross-field checks catch
-the story's mistakes before any GPU time is spent: a context length that cannot hold
-prompt + budget, a Serve queue too short to fill the engine's batch.
+keys and bad values raise ConfigError naming the dotted key. Cross-field checks
+refuse, before any GPU time is spent, a context length that cannot hold prompt +
+budget and a Serve queue too short to fill the engine's batch. The engine and serve
+sections are defined in contract/config.py (serve_apps reads them from there too).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from serve_apps.config import EngineConfig, ServeConfig, StrictModel
+from contract.config import (ConfigError, EngineConfig, ServeConfig, SimulatorEngineConfig,
+                             StrictModel, format_errors, read_config_tree)
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the key."""
 
 
 class SamplingConfig(StrictModel):
@@ -155,7 +152,7 @@ def rows_per_replica(rows_in_flight: int, replicas: int) -> int:
 
 
 class RunConfig(StrictModel):
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine: EngineConfig = Field(default_factory=SimulatorEngineConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     job: JobConfig
     storage: StorageConfig = Field(default_factory=StorageConfig)
@@ -211,30 +208,13 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return tree
 
 
-def _format(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r:.80})"
-        lines.append(f"  {key}: {msg}{got}")
-    return "\n".join(lines)
-
-
 def parse_config(tree: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(_format(exc, source)) from None
+        raise ConfigError(format_errors(exc, source)) from None
 
 
 def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
-    try:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: top level must be a mapping with engine/serve/job/storage")
+    tree = read_config_tree(path)
     return parse_config(apply_overrides(tree, overrides or []), source=path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -17,7 +17,7 @@ from jobs.config import RunConfig
 OUT = Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md"
 HEADER = """# Config reference
 
-Generated from `jobs/config.py` and `serve_apps/config.py` by `python -m jobs.config_doc`.
+Generated from `jobs/config.py` and `contract/config.py` by `python -m jobs.config_doc`.
 A run is one YAML file with four sections; unknown keys are errors. Override any key on
 the command line: `--set job.max_new_tokens=8192`.
 """
@@ -53,12 +53,24 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     return rows
 
 
+def _variants(annotation: Any) -> list[type[BaseModel]]:
+    """The model a section holds, or each member of a union (the engine kinds)."""
+    if _is_model(annotation):
+        return [annotation]
+    return [get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(annotation)]
+
+
 def render() -> str:
     parts = [HEADER]
     for section, field in RunConfig.model_fields.items():
-        parts.append(f"\n## `{section}`\n\n{(field.annotation.__doc__ or '').strip()}\n")
-        parts.append("| key | type | default | meaning |\n|---|---|---|---|")
-        parts += _rows(field.annotation, section)
+        for model in _variants(field.annotation):
+            kind = model.model_fields.get("kind")
+            title = f"`{section}`"
+            if kind is not None:
+                title += f" with `kind: {get_args(kind.annotation)[0]}`"
+            parts.append(f"\n## {title}\n\n{(model.__doc__ or '').strip()}\n")
+            parts.append("| key | type | default | meaning |\n|---|---|---|---|")
+            parts += _rows(model, section)
     return "\n".join(parts) + "\n"
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_apps.config import EngineConfig, ServeConfig
-from serve_apps.engine_deployment import EngineReplica
+from contract.config import EngineConfig, ServeConfig, load_engine_sections
+from serve_apps.engine_deployment import EngineDeployment
+from serve_apps.engines import default_gpus
 
 logger = logging.getLogger("raygen")
 
@@ -17,7 +19,7 @@ logger = logging.getLogger("raygen")
 def deployment_options(engine: EngineConfig, cfg: ServeConfig) -> dict[str, Any]:
     gpus = cfg.num_gpus_per_replica
     if gpus is None:
-        gpus = 1 if engine.kind == "sglang" else 0
+        gpus = default_gpus(engine)
     scaling = cfg.autoscaling
     return {
         "name": cfg.deployment_name,
@@ -41,7 +43,7 @@ def deployment_options(engine: EngineConfig, cfg: ServeConfig) -> dict[str, Any]
 
 def build_app(engine: EngineConfig, cfg: ServeConfig) -> serve.Application:
     options = deployment_options(engine, cfg)
-    return EngineReplica.options(**options).bind(engine.model_dump(mode="json"))
+    return EngineDeployment.options(**options).bind(engine.model_dump(mode="json"))
 
 
 def _running_handle(cfg: ServeConfig) -> DeploymentHandle | None:
@@ -72,13 +74,11 @@ def build_app_from_env(args: dict[str, Any]) -> serve.Application:
     """Serve application builder for RayService / `serve run`: a raygen run config.
 
     ``args["config"]`` (or env ``RAYGEN_CONFIG``) names the YAML; its engine and serve
-    sections define the app, exactly as `python -m jobs.generate` would deploy it.
+    sections define the app, exactly as `python -m jobs.generate` would deploy it (the
+    job's own sections are checked when the job runs).
     """
-    import os
-
-    from jobs.config import load_config
     path = args.get("config") or os.environ.get("RAYGEN_CONFIG")
     if not path:
         raise ValueError("build_app_from_env needs args.config or env RAYGEN_CONFIG")
-    cfg = load_config(path)
-    return build_app(cfg.engine, cfg.serve)
+    sections = load_engine_sections(path)
+    return build_app(sections.engine, sections.serve)

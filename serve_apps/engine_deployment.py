@@ -1,11 +1,17 @@
-"""The Serve deployment: one replica = one engine process (one GPU for SGLang).
+"""One replica = one engine (one GPU for SGLang): a plain class, and its Serve deployment.
 
-The replica starts its engine in ``__init__`` (blocking until /health, bounded by
-``start_timeout_s``), answers Serve's ``check_health`` from the engine (a dead engine
-raises, so Serve replaces the replica), relays the engine's gauges to Ray metrics,
-and kills the engine's process group on shutdown. Requests: ``generate`` takes one
-prompt; ``generate_many`` takes a few and streams each result back as it finishes
-(one handle call per chunk costs far less control-plane CPU than one per row).
+``EngineReplica(cfg, backend=...)`` holds the replica's logic and knows nothing of Serve,
+so a unit test builds it with an in-process fake backend (as Ray's ``LLMServer`` takes
+``engine_cls``). The backend starts, watches, talks to and stops the engine; the real
+one, ``ProcessBackend``, runs it as a guarded child process (engine_process.py,
+engine_guard.py) and blocks until /health, bounded by ``start_timeout_s``.
+
+The replica answers Serve's ``check_health`` from the engine (a dead engine raises, so
+Serve replaces the replica), relays the engine's gauges to Ray metrics, and stops the
+engine on shutdown. Requests: ``generate`` takes one prompt; ``generate_many`` takes a
+few and streams each result back as it finishes (one handle call per chunk costs far
+less control-plane CPU than one per row). ``EngineDeployment`` is the Serve wrapper:
+it takes the engine config as JSON and starts the real backend.
 """
 
 from __future__ import annotations
@@ -13,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
 from ray import serve
 
+from contract.config import EngineConfig, parse_engine_config
 from serve_apps.chat_format import model_template_renderer, render_prompt
-from serve_apps.config import EngineConfig
 from serve_apps.engine_client import EngineClient, effective_running_cap
 from serve_apps.engine_process import start_engine
 from serve_apps.engines import launch_command
@@ -38,15 +44,52 @@ def _replica_id() -> str:
         return f"local-{os.getpid()}"
 
 
-@serve.deployment
-class EngineReplica:
-    def __init__(self, engine_config: dict[str, Any]):
-        self.cfg = EngineConfig.model_validate(engine_config)
-        self.replica_id = _replica_id()
+class EngineBackend(Protocol):
+    """A started engine: the client that talks to it, and its life."""
+
+    client: EngineClient
+    url: str    # where the engine listens (info, health messages)
+    pid: Optional[int]
+
+    def is_alive(self) -> bool: ...
+
+    def exit_report(self) -> str:
+        """Why the engine is gone: exit code and its last output."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+# What EngineReplica calls to start its engine: (config, name for logs) -> a started backend.
+BackendFactory = Callable[[EngineConfig, str], EngineBackend]
+
+
+class ProcessBackend:
+    """The engine as a child process under engine_guard on 127.0.0.1 (a free port)."""
+
+    def __init__(self, cfg: EngineConfig, name: str):
         host = "127.0.0.1"
-        self.engine = start_engine(lambda port: launch_command(self.cfg, host, port), host,
-                                   self.cfg.start_timeout_s, name=f"engine[{self.replica_id}]")
-        self.client = EngineClient(self.engine.base_url, self.cfg.request_timeout_s)
+        self.process = start_engine(lambda port: launch_command(cfg, host, port), host,
+                                    cfg.start_timeout_s, name=name)
+        self.client = EngineClient(self.process.base_url, cfg.request_timeout_s)
+        self.url, self.pid = self.process.base_url, self.process.pid
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def exit_report(self) -> str:
+        return f"engine exited with code {self.process.returncode()}:\n{self.process.last_lines()}"
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class EngineReplica:
+    def __init__(self, cfg: EngineConfig, *, backend: BackendFactory = ProcessBackend):
+        self.cfg = cfg
+        self.replica_id = _replica_id()
+        self.engine = backend(cfg, f"engine[{self.replica_id}]")
+        self.client = self.engine.client
         render = (model_template_renderer(self.cfg.model_path)
                   if self.cfg.chat_template == "model" else render_prompt)
         self.generator = Generator(self.client, self.cfg.context_length,
@@ -78,7 +121,7 @@ class EngineReplica:
         return {"replica": self.replica_id, "model": self.cfg.model_name,
                 "engine_config_hash": self.cfg.config_hash(),
                 "context_length": self.cfg.context_length, "engine_pid": self.engine.pid,
-                "engine_url": self.engine.base_url,
+                "engine_url": self.engine.url,
                 # What the engine's scheduler really runs at once, not what we asked for.
                 "max_running_requests": (effective_running_cap(server_info)
                                          or self.cfg.max_running_requests),
@@ -116,12 +159,19 @@ class EngineReplica:
 
     async def check_health(self) -> None:
         if not self.engine.is_alive():
-            raise EngineDead(f"engine exited with code {self.engine.returncode()}:\n"
-                             f"{self.engine.last_lines()}")
+            raise EngineDead(self.engine.exit_report())
         if not await self.client.healthy():
-            raise EngineDead(f"engine at {self.engine.base_url} fails /health")
+            raise EngineDead(f"engine at {self.engine.url} fails /health")
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
+
+
+@serve.deployment
+class EngineDeployment(EngineReplica):
+    """The Serve deployment: the engine config arrives as JSON; the real backend runs it."""
+
+    def __init__(self, engine_config: dict[str, Any]):
+        super().__init__(parse_engine_config(engine_config))

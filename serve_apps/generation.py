@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from serve_apps import context_budget
+from contract import context_budget
 from serve_apps.chat_format import render_prompt, split_reasoning
 from serve_apps.engine_client import EngineClient, EngineOutput
 from serve_apps.errors import ContextOverflow, EngineAborted, EngineDead, EngineError

@@ -3,7 +3,7 @@ their full budget inside the engine's context length.
 
 Every valid prompt is rendered and tokenized by the engines themselves (the same
 template and tokenizer the run will use), then compared with the room SGLang really
-gives under ``context_length`` read from the running engine (serve_apps.context_budget:
+gives under ``context_length`` read from the running engine (contract.context_budget:
 speculative reserve, scheduler input limit and clamp), exactly as the run's guard does. Writes ``<run>/context_check.json`` and prints a summary;
 generates nothing. The run itself then clamps or rejects per ``job.context_policy``.
 """
@@ -24,7 +24,7 @@ from jobs.io.run_store import RunStore
 from jobs.io.sources import PromptFiles
 from jobs.io.storage import Location, write_json_atomic
 from jobs.pipeline.validate import validate_batch
-from serve_apps import context_budget
+from contract import context_budget
 
 
 class CountTokens:

@@ -1,18 +1,17 @@
-"""Engine backends: one launch command per kind; everything after launch is shared.
+"""Engine kinds: the one place that dispatches on ``engine.kind``.
 
-``launch_command`` is the only place the kinds differ (STYLE: one path, two engines).
+A kind differs only in how its process is launched and what it needs from the node;
+everything after launch (HTTP client, generation, supervision) is shared (STYLE: one
+path, two engines).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from serve_apps.config import EngineConfig
+from contract.config import EngineConfig, SGLangEngineConfig
 
 
-def launch_command(cfg: "EngineConfig", host: str, port: int) -> list[str]:
-    if cfg.kind == "sglang":
+def launch_command(cfg: EngineConfig, host: str, port: int) -> list[str]:
+    if isinstance(cfg, SGLangEngineConfig):
         from serve_apps.engines import sglang
         return sglang.build_command(cfg, host, port)
     from serve_apps.engines.simulator import launch
@@ -26,3 +25,8 @@ def launch_command(cfg: "EngineConfig", host: str, port: int) -> list[str]:
         **({} if cfg.speculative else {"accept_length": 0.0}),
     })
     return launch.build_command(settings, host, port)
+
+
+def default_gpus(cfg: EngineConfig) -> float:
+    """GPUs a replica reserves unless serve.num_gpus_per_replica says otherwise."""
+    return 1 if isinstance(cfg, SGLangEngineConfig) else 0

@@ -1,25 +1,23 @@
-"""The real engine: ``python -m sglang.launch_server`` built from EngineConfig.
+"""The real engine: ``python -m sglang.launch_server`` built from SGLangEngineConfig.
 
 Kept thin on purpose: this module only turns config into argv. Everything after the
 HTTP call is shared with the simulator (serve_apps/engine_client.py) and therefore
-tested on CPU. tests/unit/production/test_sglang_contract.py parses every command this can
+tested on CPU. tests/contract/sglang/test_sglang_contract.py parses every command this can
 build with SGLang 0.5.23's own argument parser, so a renamed flag fails CI.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from serve_apps.config import EngineConfig
+from contract.config import SGLangEngineConfig
 
 
 def _flag(name: str) -> str:
     return name if name.startswith("--") else f"--{name.replace('_', '-')}"
 
 
-def build_command(cfg: "EngineConfig", host: str, port: int,
+def build_command(cfg: SGLangEngineConfig, host: str, port: int,
                   python: str = sys.executable) -> list[str]:
     args: list[str] = [
         python, "-m", "sglang.launch_server",

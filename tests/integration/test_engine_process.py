@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from serve_apps.config import EngineConfig
+from contract.config import SimulatorEngineConfig
 from serve_apps.engine_client import EngineClient
 from serve_apps.engine_process import (EngineProcess, engine_port, ephemeral_range, free_port,
                                        start_engine)
@@ -71,7 +71,7 @@ def test_engine_port_is_outside_the_ephemeral_range():
 def test_engine_start_retries_on_a_port_taken_before_the_bind():
     """Another socket takes the chosen port before the engine binds it: the engine dies
     with "address already in use" and the start is retried on a new port."""
-    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
@@ -89,7 +89,7 @@ def test_engine_start_retries_on_a_port_taken_before_the_bind():
 
 
 def test_engine_start_gives_up_after_the_last_attempt():
-    cfg = EngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=8192, simulator={"time_scale": 0.001})
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()

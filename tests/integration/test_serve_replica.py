@@ -10,7 +10,7 @@ import pytest
 from ray import serve
 
 from serve_apps.app import deploy_or_attach
-from serve_apps.config import EngineConfig, ServeConfig
+from contract.config import ServeConfig, SimulatorEngineConfig
 from tests.support.engines import generate_request, group_pids
 from tests.support.waiting import wait_until
 
@@ -25,7 +25,7 @@ def _info_or_none(handle):
 
 
 def test_engine_crash_restarts_replica_and_delete_leaves_no_orphan(ray_cluster):
-    engine = EngineConfig(kind="simulator", model_path="sim-crash", context_length=8192,
+    engine = SimulatorEngineConfig(kind="simulator", model_path="sim-crash", context_length=8192,
                           simulator={"time_scale": 0.001})
     cfg = ServeConfig(app_name="crash-test", health_check_period_s=1, health_check_timeout_s=5,
                       num_cpus_per_replica=0.1,

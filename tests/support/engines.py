@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import subprocess
 
-from serve_apps.config import EngineConfig
+from contract.config import SimulatorEngineConfig
 from serve_apps.engine_process import EngineProcess, free_port
 from serve_apps.engines import launch_command
 
 
 def sim_engine_process(**sim) -> EngineProcess:
     """An EngineProcess (not started) running the simulator with NEXTN and ``sim`` settings."""
-    cfg = EngineConfig(kind="simulator", context_length=8192,
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=8192,
                        speculative={"algorithm": "NEXTN"},
                        simulator={"time_scale": 0.001, **sim})
     port = free_port()

@@ -18,7 +18,7 @@ from typing import Any
 
 from serve_apps.engine_process import free_port
 from serve_apps.engines.simulator.launch import build_command
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = 60.0  # generous: the machine may be shared with a Ray cluster

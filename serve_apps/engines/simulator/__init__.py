@@ -6,6 +6,6 @@ second and can be launched as a plain subprocess (see ``launch.build_command``).
 """
 
 from serve_apps.engines.simulator.launch import build_command
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 
 __all__ = ["SimulatorSettings", "build_command"]

@@ -15,7 +15,7 @@ import sys
 from pydantic import ValidationError
 
 from serve_apps.engines.simulator.server import serve
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[SimulatorSettings, str, int]:

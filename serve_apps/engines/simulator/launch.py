@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 
 MODULE = "serve_apps.engines.simulator"
 

@@ -44,7 +44,7 @@ from serve_apps.engines.simulator.protocol import (
     parse_generate,
 )
 from serve_apps.engines.simulator.scheduler import Scheduler
-from serve_apps.engines.simulator.settings import FAULT_FIELDS, SimulatorSettings
+from contract.simulator_settings import FAULT_FIELDS, SimulatorSettings
 
 VERSION = "0.5.23-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024  # long input_ids lists are big JSON

@@ -30,7 +30,7 @@ from typing import Any, Optional
 import pytest
 
 from jobs.config import SamplingConfig, load_config
-from serve_apps.config import EngineConfig, SpeculativeConfig
+from contract.config import SGLangEngineConfig, SpeculativeConfig
 from serve_apps.engine_client import EngineClient, parse_meta
 from serve_apps.engines.sglang import build_command
 from dashboards.metrics_catalog import SGLANG_SERIES
@@ -47,17 +47,18 @@ DRAFT = "YOUR_ORG/eagle3-draft"  # EAGLE/EAGLE3 need a draft model (speculative.
 
 # --- launch commands --------------------------------------------------------------------
 
-def _argv(cfg: EngineConfig) -> list[str]:
+def _argv(cfg: SGLangEngineConfig) -> list[str]:
     cmd = build_command(cfg, HOST, PORT, python="python")
     assert cmd[:3] == ["python", "-m", "sglang.launch_server"], cmd[:3]
     return cmd[3:]
 
 
-def _shipped_engines() -> dict[str, EngineConfig]:
+def _shipped_engines() -> dict[str, SGLangEngineConfig]:
     demo = load_config(str(DEMO)).engine
     return {"qwen36-27b-b200": load_config(str(QWEN)).engine,
             # The demo's engine section as it would run on a GPU (demo-ish command).
-            "demo-as-sglang": demo.model_copy(update={"kind": "sglang"})}
+            "demo-as-sglang": SGLangEngineConfig(
+                **demo.model_dump(exclude={"kind", "simulator"}), kind="sglang")}
 
 
 OPTIONAL_FIELDS: dict[str, Any] = {
@@ -73,18 +74,18 @@ SPECULATIVE = [None, "NEXTN", "EAGLE", "EAGLE3"]
 
 
 def _variant(fields: tuple[str, ...], reasoning: Optional[str], metrics: bool,
-             algorithm: Optional[str]) -> EngineConfig:
+             algorithm: Optional[str]) -> SGLangEngineConfig:
     values: dict[str, Any] = {name: OPTIONAL_FIELDS[name] for name in fields}
     if algorithm is not None:
         # NEXTN uses the model's own MTP head; EAGLE/EAGLE3 need a draft model.
         draft = None if algorithm == "NEXTN" else DRAFT
         values["speculative"] = SpeculativeConfig(algorithm=algorithm, draft_model_path=draft)
-    return EngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", context_length=20480,
+    return SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", context_length=20480,
                         max_running_requests=40, reasoning_parser=reasoning,
                         enable_metrics=metrics, **values)
 
 
-def all_variants() -> list[EngineConfig]:
+def all_variants() -> list[SGLangEngineConfig]:
     """Every branch of build_command on and off: 2^5 x 2 x 2 x 4 = 512 commands."""
     names = list(OPTIONAL_FIELDS)
     subsets = [c for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
@@ -97,7 +98,7 @@ def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
     return parser._option_string_actions[flag]
 
 
-def _expected_values(cfg: EngineConfig) -> dict[str, Any]:
+def _expected_values(cfg: SGLangEngineConfig) -> dict[str, Any]:
     spec = cfg.speculative
     return {
         # No nccl_port: SGLang picks it itself when it binds it (issue #12).
@@ -116,7 +117,7 @@ def _expected_values(cfg: EngineConfig) -> dict[str, Any]:
     }
 
 
-def _check_parsed(parser: argparse.ArgumentParser, cfg: EngineConfig,
+def _check_parsed(parser: argparse.ArgumentParser, cfg: SGLangEngineConfig,
                   ns: argparse.Namespace) -> list[str]:
     """Differences between what raygen meant and what SGLang's parser understood."""
     wrong = [f"{k}: sent {v!r}, SGLang read {getattr(ns, k, '<missing>')!r}"
@@ -172,13 +173,13 @@ def test_launch_module_still_exists(sglang):
     ({"cuda-graph-max-bs": 48}, "ambiguous option"),                  # split into -decode/-prefill
 ])
 def test_misspelled_or_removed_flag_fails(sglang_parser, extra, why):
-    cfg = EngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", extra_args=extra)
+    cfg = SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", extra_args=extra)
     with pytest.raises(ParseError, match=why):
         sglang_parser.parse_args(_argv(cfg))
 
 
 def test_unknown_reasoning_parser_fails(sglang_parser):
-    cfg = EngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", reasoning_parser="qwen-3")
+    cfg = SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", reasoning_parser="qwen-3")
     with pytest.raises(ParseError, match="invalid choice"):
         sglang_parser.parse_args(_argv(cfg))
 

@@ -27,7 +27,7 @@ from serve_apps.chat_format import render_prompt
 from serve_apps.engine_client import EngineClient, KEEPALIVE_S, effective_running_cap, generate_body
 from serve_apps.engines.simulator import model as sim_model
 from serve_apps.engines.simulator import tokenizer as tk
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 from dashboards.metrics_catalog import SGLANG_SERIES
 from tests.support.sglang import ORACLE_CONTEXT, ORACLE_MEDIAN_TOKENS, ORACLE_SIGMA
 from tests.support.simulator import SimProcess

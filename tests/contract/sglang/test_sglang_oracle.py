@@ -2,10 +2,10 @@
 
 Each table row is put to SGLang's code (called, not copied) and to ours:
 - speculative reserve: ``managers.utils.compute_num_reserved_tokens`` for the server args
-  raygen's own launch command produces, vs ``EngineConfig.reserved_tokens``;
+  raygen's own launch command produces, vs ``SGLangEngineConfig.reserved_tokens``;
 - context accounting: ``TokenizerManager._validate_one_request`` (with that reserve),
   ``managers.utils.validate_input_length`` and ``Scheduler.init_req_max_new_tokens`` vs
-  ``serve_apps.context_budget.room`` / ``Generator.fit_budget`` (raygen) and
+  ``contract.context_budget.room`` / ``Generator.fit_budget`` (raygen) and
   ``simulator.protocol.check_context`` (messages and enforced budget);
 - the reasoning split: ``ReasoningParser("qwen3").parse_non_stream`` vs
   ``chat_format.split_reasoning``.
@@ -20,9 +20,9 @@ import types
 
 import pytest
 
-from serve_apps import context_budget
+from contract import context_budget
 from serve_apps.chat_format import split_reasoning
-from serve_apps.config import EngineConfig, SpeculativeConfig
+from contract.config import SGLangEngineConfig, SpeculativeConfig
 from serve_apps.engines.sglang import build_command
 from serve_apps.engines.simulator.protocol import GenerateRequest, RequestError, check_context
 from serve_apps.errors import ContextOverflow
@@ -35,7 +35,7 @@ def fake_model(tmp_path_factory):
     return sglang_cpu.write_fake_model(tmp_path_factory.mktemp("oracle-model"))
 
 
-def _server_args(sglang, cfg: EngineConfig, model_dir) -> object:
+def _server_args(sglang, cfg: SGLangEngineConfig, model_dir) -> object:
     """SGLang's resolved server args for the command raygen would launch, on CPU."""
     argv = build_command(cfg, "127.0.0.1", 30000, python="python")[3:]
     argv[argv.index("--model-path") + 1] = str(model_dir)
@@ -60,8 +60,8 @@ def test_reserved_tokens_match_compute_num_reserved_tokens(sglang, fake_model, n
     from sglang.srt import runtime_context as rc
     from sglang.srt.managers.utils import compute_num_reserved_tokens
 
-    cfg = EngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", context_length=4096,
-                       max_running_requests=8, speculative=SPECS[name])
+    cfg = SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", context_length=4096,
+                             max_running_requests=8, speculative=SPECS[name])
     sa = _server_args(sglang, cfg, fake_model)
     with rc.use_context(rc.create_context(sa, role="tokenizer")):
         expected = compute_num_reserved_tokens()

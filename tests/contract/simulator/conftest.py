@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 from tests.support.simulator import SimProcess
 
 

@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from serve_apps.app import build_app_from_env
-from serve_apps.config import EngineConfig, SpeculativeConfig
+from contract.config import SGLangEngineConfig, SpeculativeConfig
 from serve_apps.engine_client import EngineOutput
 from serve_apps.errors import EngineAborted
 from serve_apps.generation import check_finish
@@ -21,9 +21,10 @@ def _out(**kw) -> EngineOutput:
 
 def test_mamba_cache_too_small_for_running_requests_is_refused():
     with pytest.raises(ValidationError, match=r"caps running requests at 16 < max_running"):
-        EngineConfig(kind="sglang", max_mamba_cache_size=80, max_running_requests=40)
-    assert EngineConfig(kind="sglang", max_mamba_cache_size=200,
-                        max_running_requests=40).max_mamba_cache_size == 200
+        SGLangEngineConfig(kind="sglang", model_path="m", max_mamba_cache_size=80,
+                           max_running_requests=40)
+    assert SGLangEngineConfig(kind="sglang", model_path="m", max_mamba_cache_size=200,
+                              max_running_requests=40).max_mamba_cache_size == 200
 
 
 def test_eagle_needs_a_draft_model():

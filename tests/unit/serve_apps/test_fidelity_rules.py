@@ -17,25 +17,26 @@ from pydantic import ValidationError
 
 from jobs.runs.context_check import summarize
 from serve_apps.chat_format import split_reasoning
-from serve_apps.config import EngineConfig, SpeculativeConfig
+from contract.config import (SGLangEngineConfig, SimulatorEngineConfig, SpeculativeConfig,
+                             parse_engine_config)
 from serve_apps.engine_client import EngineOutput, effective_running_cap
 from serve_apps.engines import launch_command
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 from serve_apps.generation import Generator
 
 
 def test_simulator_kind_refuses_a_real_model_path():
     with pytest.raises(ValidationError, match=r"engine.kind is simulator but engine.model_path "
                                               r"'Qwen/Qwen3.6-27B' is not a simulator model"):
-        EngineConfig(model_path="Qwen/Qwen3.6-27B")
-    assert EngineConfig(model_path="sim-qwen3").kind == "simulator"
-    assert EngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B").kind == "sglang"
+        parse_engine_config({"model_path": "Qwen/Qwen3.6-27B"})
+    assert parse_engine_config({"model_path": "sim-qwen3"}).kind == "simulator"
+    assert parse_engine_config({"kind": "sglang", "model_path": "Qwen/Qwen3.6-27B"}).kind == "sglang"
 
 
 def test_chat_template_defaults_to_the_model_for_sglang_only():
-    assert EngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B").chat_template == "model"
-    assert EngineConfig().chat_template == "builtin"
-    assert EngineConfig(kind="sglang", model_path="m", chat_template="builtin").chat_template == "builtin"
+    assert SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B").chat_template == "model"
+    assert SimulatorEngineConfig().chat_template == "builtin"
+    assert SGLangEngineConfig(kind="sglang", model_path="m", chat_template="builtin").chat_template == "builtin"
 
 
 @pytest.mark.parametrize("text, reasoning, answer, done", [
@@ -86,7 +87,7 @@ def test_check_context_counts_against_sglangs_room():
 
 
 def test_simulator_gets_sglangs_reserve_from_the_speculative_config():
-    cfg = EngineConfig(context_length=4096, speculative=SpeculativeConfig(
+    cfg = SimulatorEngineConfig(context_length=4096, speculative=SpeculativeConfig(
         algorithm="NEXTN", num_steps=3, eagle_topk=1, num_draft_tokens=4))
     cmd = launch_command(cfg, "127.0.0.1", 30000)
     settings = SimulatorSettings.from_cli_args(cmd[cmd.index("--port") + 2:])

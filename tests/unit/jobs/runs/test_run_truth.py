@@ -26,9 +26,7 @@ def _hash(**engine_or_job) -> str:
     {"engine": {"chat_template": "model"}},
     {"engine": {"model_path": "sim-other"}},
     {"engine": {"served_model_name": "served"}},
-    {"engine": {"reasoning_parser": "deepseek-r1"}},
     {"engine": {"think_end_token": "</reason>"}},
-    {"engine": {"extra_args": {"dtype": "bfloat16"}}},
     {"job": {"context_policy": "clamp"}},
     {"job": {"sampling": {"temperature": 0.7}}},
 ])

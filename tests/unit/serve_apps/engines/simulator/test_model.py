@@ -8,7 +8,7 @@ import pytest
 
 from serve_apps.engines.simulator import model as m
 from serve_apps.engines.simulator import tokenizer as tk
-from serve_apps.engines.simulator.settings import SimulatorSettings
+from contract.simulator_settings import SimulatorSettings
 
 P = m.LengthParams()
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from serve_apps.engines.simulator.__main__ import parse_args
 from serve_apps.engines.simulator.launch import build_command
-from serve_apps.engines.simulator.settings import FAULT_FIELDS, SimulatorSettings
+from contract.simulator_settings import FAULT_FIELDS, SimulatorSettings
 
 
 def test_defaults_match_the_brief():

@@ -1,6 +1,6 @@
 """How many new tokens SGLang 0.5.23 really lets a prompt have, in one place.
 
-SGLang checks a request three times (tests/unit/production/test_sglang_oracle.py calls
+SGLang checks a request three times (tests/contract/sglang/test_sglang_oracle.py calls
 each of these SGLang functions and compares):
 
 1. TokenizerManager._validate_one_request: input + reserved >= context -> 400, and

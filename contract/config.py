@@ -1,0 +1,268 @@
+"""Typed config of the engine and its Serve deployment, shared by jobs/ and serve_apps/.
+
+One pydantic model per deployable part; every field documents itself and carries its
+unit in its name. Unknown keys are errors (``extra="forbid"``) so a typo in a 30-hour
+run's YAML fails at submit time, not as silently ignored tuning.
+
+The engine config is a union discriminated by ``kind``: ``sglang`` (the real server and
+its flags) or ``simulator`` (the CPU stand-in and its knobs; the default). Each kind
+accepts only its own keys. How a kind is launched lives in serve_apps/engines/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
+                      ValidationError, model_validator)
+
+from contract import context_budget
+from contract.simulator_settings import SimulatorSettings
+
+# model_path of a simulated engine: anything else is a real model and needs kind=sglang.
+SIMULATOR_MODEL_PREFIX = "sim-"
+ENGINE_KINDS = ("sglang", "simulator")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeculativeConfig(StrictModel):
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = Field(
+        "NEXTN", description="SGLang --speculative-algorithm (NEXTN = the model's own MTP head).")
+    num_steps: int = Field(3, ge=1, description="--speculative-num-steps: draft steps per verify.")
+    eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk.")
+    num_draft_tokens: int = Field(4, ge=1, description="--speculative-num-draft-tokens.")
+    draft_model_path: Optional[str] = Field(
+        None, description="--speculative-draft-model-path; required by EAGLE/EAGLE3, unused "
+        "by NEXTN (the model's own MTP head).")
+
+    @model_validator(mode="after")
+    def _draft_model(self) -> "SpeculativeConfig":
+        if self.algorithm != "NEXTN" and not self.draft_model_path:
+            raise ValueError(f"algorithm {self.algorithm} needs draft_model_path")
+        return self
+
+
+# Pass-through flags: {"--flag-name" or "flag-name": value}; True -> bare flag, None/False -> omitted.
+ExtraArgValue = Union[str, int, float, bool, None]
+
+
+class _EngineBase(StrictModel):
+    """Settings every engine kind has: the model, its context, batch size, timeouts."""
+
+    served_model_name: Optional[str] = Field(
+        None, description="Name recorded in output rows and metrics; defaults to model_path.")
+    context_length: int = Field(
+        16384, ge=256, description="Max prompt + output tokens per request (SGLang --context-length).")
+    max_running_requests: int = Field(
+        48, ge=1, description="Requests decoded at once per engine. Set it: with speculative "
+        "decoding SGLang silently uses 48 otherwise.")
+    speculative: Optional[SpeculativeConfig] = Field(
+        None, description="Speculative decoding settings; None = off.")
+    think_end_token: str = Field(
+        "</think>", description="Text that ends the reasoning part of a thinking model's output.")
+    start_timeout_s: float = Field(
+        1800.0, gt=0, description="How long a replica waits for the engine's /health at start "
+        "(large models take minutes to load).")
+    request_timeout_s: float = Field(
+        3600.0, gt=0, description="HTTP timeout of one /generate call (an 8K-token thinking "
+        "completion under load can take many minutes).")
+
+    @property
+    def reserved_tokens(self) -> int:
+        """SGLang's speculative reserve per request (context_budget.reserved_tokens)."""
+        spec = self.speculative
+        if spec is None:
+            return 0
+        return context_budget.reserved_tokens(spec.algorithm, spec.num_steps, spec.eagle_topk,
+                                              spec.num_draft_tokens)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    def config_hash(self) -> str:
+        """Identifies the engine settings: a running app with another hash is redeployed."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+
+class SGLangEngineConfig(_EngineBase):
+    """The real engine: ``python -m sglang.launch_server`` with these flags."""
+
+    kind: Literal["sglang"] = Field(description="The real SGLang server (one GPU per replica).")
+    model_path: str = Field(description="HF id or local path of the model (SGLang --model-path).")
+    chat_template: Literal["builtin", "model"] = Field(
+        "model", description="model: the model tokenizer's own template via transformers on "
+        "the replica (GPU nodes have it with SGLang). builtin: raygen's ChatML renderer with "
+        "thinking on (Qwen3 family).")
+    mem_fraction_static: Optional[float] = Field(
+        None, gt=0, lt=1, description="SGLang --mem-fraction-static (fraction of GPU memory "
+        "for weights and KV cache; e.g. 0.93 on a B200).")
+    max_mamba_cache_size: Optional[int] = Field(
+        None, ge=1, description="SGLang --max-mamba-cache-size for hybrid Mamba models; at "
+        "least 5 x max_running_requests (checked).")
+    reasoning_parser: Optional[str] = Field(
+        "qwen3", description="SGLang --reasoning-parser; None for non-thinking models.")
+    tool_call_parser: Optional[str] = Field(None, description="SGLang --tool-call-parser.")
+    enable_metrics: bool = Field(True, description="SGLang --enable-metrics (needed for /metrics).")
+    extra_args: dict[str, ExtraArgValue] = Field(
+        default_factory=dict, description="Any other SGLang flag, passed through verbatim.")
+
+    @model_validator(mode="after")
+    def _mamba_slots(self) -> "SGLangEngineConfig":
+        # SGLang 0.5.23 caps running requests at max_mamba_cache_size // 5 for hybrid
+        # models, silently: 80 cache slots give 16 running requests, not 80.
+        cache = self.max_mamba_cache_size
+        if cache is not None and cache // 5 < self.max_running_requests:
+            raise ValueError(
+                f"max_mamba_cache_size ({cache}) caps running requests at {cache // 5} < "
+                f"max_running_requests ({self.max_running_requests}); raise it to "
+                f"{5 * self.max_running_requests} or lower max_running_requests")
+        return self
+
+
+class SimulatorEngineConfig(_EngineBase):
+    """The simulated engine (serve_apps/engines/simulator/): SGLang's HTTP API on CPU."""
+
+    kind: Literal["simulator"] = Field(
+        "simulator", description="The simulated engine; accepts only model_path names "
+        "starting with 'sim-'.")
+    model_path: str = Field(
+        "sim-qwen", description="Simulated model name; must start with 'sim-'.")
+    chat_template: Literal["builtin", "model"] = Field(
+        "builtin", description="builtin: raygen's ChatML renderer with thinking on (what the "
+        "simulator's tokenizer expects). model: the model tokenizer's own template.")
+    simulator: SimulatorSettings = Field(
+        default_factory=SimulatorSettings, description="Simulated engine knobs.")
+
+    # The simulated output follows Qwen3's reasoning format and takes no extra flags;
+    # fixed values so output_settings (jobs/pipeline/rows.py) reads both kinds alike.
+    reasoning_parser: ClassVar[Optional[str]] = "qwen3"
+    extra_args: ClassVar[dict[str, ExtraArgValue]] = {}
+
+    @model_validator(mode="after")
+    def _simulator_model(self) -> "SimulatorEngineConfig":
+        # kind defaults to the simulator; a real model name under it would write simulated
+        # text labelled as that model for a whole run.
+        if not self.model_path.startswith(SIMULATOR_MODEL_PREFIX):
+            raise ValueError(
+                f"engine.kind is simulator but engine.model_path {self.model_path!r} is not a "
+                f"simulator model (names start with {SIMULATOR_MODEL_PREFIX!r}); set "
+                f"engine.kind: sglang to run the real model")
+        return self
+
+
+def _engine_kind(value: Any) -> Optional[str]:
+    # No kind means the simulator (the default engine); an unknown kind fails below.
+    if isinstance(value, dict):
+        return value.get("kind", "simulator")
+    return getattr(value, "kind", None)
+
+
+EngineConfig = Annotated[
+    Union[Annotated[SGLangEngineConfig, Tag("sglang")],
+          Annotated[SimulatorEngineConfig, Tag("simulator")]],
+    Discriminator(_engine_kind, custom_error_type="engine_kind",
+                  custom_error_message=f"kind must be one of {', '.join(ENGINE_KINDS)}"),
+]
+_ENGINE = TypeAdapter(EngineConfig)
+
+
+def parse_engine_config(data: Any) -> SGLangEngineConfig | SimulatorEngineConfig:
+    """An engine config of either kind from a mapping (e.g. its JSON dump)."""
+    return _ENGINE.validate_python(data)
+
+
+class AutoscalingConfig(StrictModel):
+    min_replicas: int = Field(1, ge=0, description="Replicas kept even when idle.")
+    max_replicas: int = Field(1, ge=1, description="Upper bound: one replica per GPU for SGLang.")
+    target_ongoing_requests: float = Field(
+        40.0, gt=0, description="Serve scales up when ongoing requests per replica exceed "
+        "this. A job call carries up to job.rows_per_call rows and counts as one request.")
+    upscale_delay_s: float = Field(30.0, ge=0, description="Serve autoscaling upscale delay.")
+    downscale_delay_s: float = Field(600.0, ge=0, description="Serve autoscaling downscale delay.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingConfig":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
+        return self
+
+
+class ServeConfig(StrictModel):
+    """The Serve application: replicas (one per GPU), autoscaling, health checks."""
+
+    app_name: str = Field("raygen", description="Serve application name (one per model).")
+    deployment_name: str = Field("engine", description="Serve deployment name.")
+    autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
+    max_ongoing_requests: int = Field(
+        512, ge=1, description="Requests one replica accepts at once (admission only: the "
+        "engine's own queue bounds the work). At least engine.max_running_requests, and at "
+        "least the job's rows in flight per replica (checked); about twice that is best.")
+    health_check_period_s: float = Field(10.0, gt=0, description="How often Serve asks a replica.")
+    health_check_timeout_s: float = Field(30.0, gt=0, description="Serve health check timeout.")
+    graceful_shutdown_timeout_s: float = Field(
+        20.0, ge=0, description="Time in-flight requests get before a replica is stopped.")
+    num_cpus_per_replica: float = Field(0.5, ge=0, description="CPUs reserved per replica actor.")
+    num_gpus_per_replica: Optional[float] = Field(
+        None, ge=0, description="GPUs per replica; default 1 for sglang, 0 for the simulator.")
+    reuse_running_app: bool = Field(
+        True, description="Attach to a running app of the same name instead of redeploying it.")
+
+
+class EngineSections(BaseModel):
+    """The engine and serve sections of a run config: all a Serve app needs. Other
+    sections (job, storage) belong to the job and are not read here."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    engine: EngineConfig = Field(default_factory=SimulatorEngineConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+
+
+def format_errors(exc: ValidationError, source: str) -> str:
+    """One line per error, each naming its dotted key (the engine kind tag left out)."""
+    lines = [f"invalid config ({source}):"]
+    for err in exc.errors():
+        # A tagged union puts the tag in the path (engine.sglang.model_path); the YAML
+        # key is engine.model_path.
+        loc = [str(p) for i, p in enumerate(err["loc"])
+               if not (p in ENGINE_KINDS and i > 0 and err["loc"][i - 1] == "engine")]
+        if err["type"] == "engine_kind":
+            loc.append("kind")
+        key = ".".join(loc) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r:.80})"
+        lines.append(f"  {key}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def read_config_tree(path: str) -> dict[str, Any]:
+    """The YAML mapping of a run config file, or ConfigError saying what is wrong."""
+    try:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping with engine/serve/job/storage")
+    return tree
+
+
+def load_engine_sections(path: str) -> EngineSections:
+    """The engine and serve sections of the run config at ``path``, validated."""
+    try:
+        return EngineSections.model_validate(read_config_tree(path))
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, path)) from None

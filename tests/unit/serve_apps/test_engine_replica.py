@@ -1,0 +1,160 @@
+"""EngineReplica driven through its backend seam: no Serve, no engine process.
+
+The fake backend answers in-process the way an engine does (token ids, EngineOutput,
+typed EngineErrors); what the replica does with those answers is the real code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import pytest
+
+from contract.config import SimulatorEngineConfig
+from serve_apps.engine_client import EngineOutput
+from serve_apps.engine_deployment import EngineReplica
+from serve_apps.errors import EngineBadRequest, EngineDead, EngineUnavailable
+
+
+class FakeClient:
+    """Tokenizes by character; answers /generate from ``answer`` (an output or an error)."""
+
+    def __init__(self) -> None:
+        self.answer: Any = "fine</think>answer"
+        self.up = True
+
+    async def tokenize(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+    async def generate(self, ids: list[int], sampling: dict[str, Any], rid: str) -> EngineOutput:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        out = [ord(c) for c in self.answer]
+        return EngineOutput(text=self.answer, output_ids=out, finish_reason="stop",
+                            matched_stop=None, finish_length=None, prompt_tokens=len(ids),
+                            completion_tokens=len(out), cached_tokens=0, reasoning_tokens=4,
+                            spec_verify_ct=None, e2e_latency_s=0.01)
+
+    async def healthy(self) -> bool:
+        return self.up
+
+    async def metrics_text(self) -> str:
+        return ""
+
+    async def server_info(self) -> dict[str, Any]:
+        return {"internal_states": [{"effective_max_running_requests_per_dp": 7}]}
+
+
+class FakeBackend:
+    url = "fake://engine"
+    pid: Optional[int] = 4242
+
+    def __init__(self, cfg: SimulatorEngineConfig, name: str) -> None:
+        self.cfg, self.name = cfg, name
+        self.client = FakeClient()
+        self.alive = True
+        self.stopped = 0
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def exit_report(self) -> str:
+        return "engine exited with code 1:\nCUDA error: an illegal memory access"
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def _replica() -> tuple[EngineReplica, FakeBackend]:
+    cfg = SimulatorEngineConfig(context_length=4096)
+    replica = EngineReplica(cfg, backend=FakeBackend)
+    assert isinstance(replica.engine, FakeBackend)
+    return replica, replica.engine
+
+
+def _request(key: str = "k1") -> dict[str, Any]:
+    return {"key": key, "messages": [{"role": "user", "content": "hi"}],
+            "max_new_tokens": 64, "sampling": {}, "run": "r", "category": "c"}
+
+
+def test_backend_factory_gets_the_config_and_a_named_engine():
+    replica, backend = _replica()
+    assert backend.cfg is replica.cfg
+    assert backend.name == f"engine[{replica.replica_id}]"
+
+
+def test_generate_success_returns_a_data_result():
+    replica, _ = _replica()
+    result = asyncio.run(replica.generate(_request()))
+    assert result["key"] == "k1" and result["error_class"] is None
+    assert (result["reasoning"], result["answer"]) == ("fine", "answer")
+    assert result["completion_tokens"] == len("fine</think>answer")
+    assert result["replica"] == replica.replica_id
+
+
+def test_a_bad_request_comes_back_as_a_row_error():
+    replica, backend = _replica()
+    backend.client.answer = EngineBadRequest("HTTP 400: unknown sampling key")
+    result = asyncio.run(replica.generate(_request()))
+    assert (result["error_class"], result["retryable"]) == ("bad_request", False)
+    assert "unknown sampling key" in result["error_message"]
+
+
+def test_a_bug_on_one_row_is_a_replica_error_result_not_a_failed_call():
+    replica, backend = _replica()
+    backend.client.answer = KeyError("boom")
+    result = asyncio.run(replica.generate(_request()))
+    assert result["error_class"] == "replica_error"
+    assert result["error_message"].startswith("KeyError")
+
+
+def test_engine_death_raises_engine_dead():
+    replica, backend = _replica()
+    backend.client.answer = EngineUnavailable("connection refused")
+    backend.alive = False
+    with pytest.raises(EngineDead, match="connection refused"):
+        asyncio.run(replica.generate(_request()))
+
+
+def test_an_unavailable_but_living_engine_is_a_retryable_row_error():
+    replica, backend = _replica()
+    backend.client.answer = EngineUnavailable("connection reset")
+    result = asyncio.run(replica.generate(_request()))
+    assert (result["error_class"], result["retryable"]) == ("engine_unavailable", True)
+
+
+def test_generate_many_streams_every_result():
+    replica, _ = _replica()
+
+    async def collect() -> list[dict]:
+        return [r async for r in replica.generate_many([_request("a"), _request("b")])]
+    assert sorted(r["key"] for r in asyncio.run(collect())) == ["a", "b"]
+
+
+def test_check_health_raises_engine_dead_with_the_exit_report():
+    replica, backend = _replica()
+    asyncio.run(replica.check_health())  # healthy: no exception
+    backend.client.up = False
+    with pytest.raises(EngineDead, match="fake://engine fails /health"):
+        asyncio.run(replica.check_health())
+    backend.alive = False
+    with pytest.raises(EngineDead, match="illegal memory access"):
+        asyncio.run(replica.check_health())
+
+
+def test_info_reports_the_engine_and_its_effective_running_cap():
+    replica, _ = _replica()
+    info = asyncio.run(replica.info())
+    assert (info["engine_pid"], info["engine_url"]) == (4242, "fake://engine")
+    assert info["max_running_requests"] == 7
+    assert info["engine_config_hash"] == replica.cfg.config_hash()
+
+
+def test_deleting_the_replica_stops_its_engine():
+    replica, backend = _replica()
+    replica.__del__()
+    assert backend.stopped == 1
