@@ -1,0 +1,313 @@
+"""The run index: the one read model of what a run's files hold.
+
+Resume (RunState), progress, continuation, report, forecast, finalize and export all
+ask this module which keys are done, failed (open: failed and not done since) or
+rejected, and which row is each key's latest version. It reads the parts' sidecars
+(jobs/io/part_summary.py) in parallel, not the parts: a few KB per part instead of
+every Parquet footer in turn. A part without a usable sidecar (a crash between part and
+sidecar, an unreadable or stale one, a part written before sidecars existed) is read
+once and its sidecar written back; a damaged part is quarantined by that read (its rows
+are not done); a sidecar whose part is gone is never looked at, since the part listing
+drives everything.
+
+``refresh()`` is incremental: it reads only parts it has not seen, so the progress
+thread's scans and the end of a session cost what was written since the last one.
+
+Memory: one entry per key, in numpy arrays sorted by key digest (8-byte blake2b,
+jobs/io/digests.py): digest, version, created_ms, part, row, finish code, tokens,
+prompt digest, settings code: 45 bytes per key (450 MB at 10M keys), no Python
+string per key. Two different keys with the same digest (probability ~n^2/2^65,
+3e-6 at 10M keys) are one key here: the later-written counts as a newer row of the
+earlier, which then counts as done (the same as admission's duplicate check).
+
+The latest version of a key (THE tie-break rule, ``LATEST_ORDER``): the highest
+version; equal versions (which the writer never produces) the later created_at,
+then the part whose path sorts last, then the later row in that part.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from jobs.io import part_summary
+from jobs.io.digests import digests_of, sorted_contains
+from jobs.io.run_store import RunStore
+from jobs.io.schema import KINDS
+from jobs.io.storage import list_files, read_bytes, write_bytes_atomic
+
+logger = logging.getLogger("raygen")
+OPEN_THREADS = 32   # sidecar reads in flight: each S3 GET is ~30 ms of waiting
+LATEST_ORDER = ("version", "created_at")   # then part path, then row: see the docstring
+# Per-key arrays, kept aligned and sorted by digest.
+COLUMNS = {"digest": np.uint64, "version": np.int32, "created_ms": np.int64,
+           "part": np.uint32, "row": np.uint32, "finish": np.uint8, "tokens": np.int64,
+           "prompt": np.uint64, "settings": np.uint16}
+VERSION_MIX = np.uint64(0x9E3779B97F4A7C15)   # odd: spreads versions over all 64 bits
+
+
+# --- row ids ------------------------------------------------------------------------
+
+def row_ids(kind: str, table: pa.Table) -> list[str]:
+    """The ids a part's name is hashed from: key#version, key@failed_at, source:line."""
+    if kind == "data":
+        return [f"{k}#{v}" for k, v in zip(table.column("key").to_pylist(),
+                                           table.column("version").to_pylist())]
+    if kind == "failures":
+        return [f"{k}@{t}" for k, t in zip(table.column("key").to_pylist(),
+                                           table.column("failed_at").to_pylist())]
+    return [f"{s}:{n}" for s, n in zip(table.column("source").to_pylist(),
+                                       table.column("line").to_pylist())]
+
+
+def version_digests(key_digests: np.ndarray, versions: np.ndarray) -> np.ndarray:
+    """One uint64 per (key, version): a data row's identity as a digest."""
+    return key_digests ^ (versions.astype(np.uint64) * VERSION_MIX)
+
+
+def data_row_digests(table: pa.Table) -> np.ndarray:
+    """version_digests of a table with key and version columns."""
+    return version_digests(digests_of(table.column("key").to_pylist()),
+                           table.column("version").to_numpy(zero_copy_only=False))
+
+
+def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """LATEST_ORDER on a frame of rows (key, version, created_at if present), in part
+    path and row order: one row per key, its latest version."""
+    if not {"key", "version"} <= set(df.columns) or not df["key"].duplicated().any():
+        return df
+    order = ["key"] + [c for c in LATEST_ORDER if c in df.columns]
+    return df.sort_values(order, kind="stable").drop_duplicates("key", keep="last")
+
+
+# --- the index ----------------------------------------------------------------------
+
+def _empty_latest() -> dict[str, np.ndarray]:
+    return {name: np.empty(0, dtype) for name, dtype in COLUMNS.items()}
+
+
+class RunIndex:
+    """What a run holds; ``RunIndex.open(store)`` or ``RunIndex(store).refresh()``."""
+
+    def __init__(self, store: RunStore, threads: int = OPEN_THREADS):
+        self.store, self.threads = store, threads
+        self.latest = _empty_latest()
+        self.failed = np.empty(0, np.uint64)       # every key that failed, sorted
+        self.reject_ids: set[str] = set()
+        self.first_budgets: collections.Counter = collections.Counter()  # (hash, budget)
+        self.part_paths: list[str] = []             # data parts; index = "part" column
+        self.finishes: list[Optional[str]] = []     # finish code -> finish_reason
+        self.settings: list[Optional[str]] = []     # settings code -> settings_hash
+        self.data_rows = 0                           # rows of every version
+        self.seen: set[str] = set()                  # part paths already read
+        self.bytes_written, self.last_write_ts, self.quarantined = 0, 0.0, 0
+        # (metric, label) of outcomes in parts first seen since the caller last cleared
+        # it: the job's failure/retry/reject counters come from durable rows.
+        self.events: list[tuple[str, str]] = []
+        self.reads: collections.Counter = collections.Counter()  # "sidecar" / "part"
+
+    @classmethod
+    def open(cls, store: RunStore) -> "RunIndex":
+        index = cls(store)
+        index.refresh()
+        return index
+
+    # --- reading ---
+
+    def refresh(self) -> int:
+        """Read the parts not seen yet (in parallel); returns how many there were."""
+        new = [(kind, info) for kind in KINDS
+               for info in sorted(list_files(self.store.loc(kind), ".parquet"),
+                                  key=lambda i: i.path) if info.path not in self.seen]
+        if new:
+            sidecars = {info.path for kind in KINDS for info in list_files(
+                self.store.loc(part_summary.INDEX, kind), part_summary.SUFFIX)}
+            with ThreadPoolExecutor(max_workers=min(self.threads, len(new))) as pool:
+                summaries = list(pool.map(lambda ki: self._summary(*ki, sidecars), new))
+            fresh = collections.defaultdict(list)
+            for (kind, info), (summary, source) in zip(new, summaries):
+                self.seen.add(info.path)
+                self.bytes_written += info.size or 0
+                if info.mtime is not None:
+                    self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
+                self.reads[source] += 1
+                if summary is not None:  # None: quarantined or gone, its rows not done
+                    fresh[kind].append((info.path, summary))
+            self._add_data(fresh["data"])
+            self._add_failures([s for _, s in fresh["failures"]])
+            for _, summary in fresh["rejects"]:
+                self.reject_ids.update(summary.column("reject_id").to_pylist())
+            for kind in KINDS:
+                for _, summary in fresh[kind]:
+                    for metric, labels in part_summary.details(summary)["events"].items():
+                        self.events += [(metric, label) for label, n in sorted(labels.items())
+                                        for _ in range(n)]
+        self.quarantined = len(self.store.quarantined())
+        return len(new)
+
+    def _summary(self, kind: str, info, sidecars: set[str]) -> tuple[Optional[pa.Table], str]:
+        """(the part's summary or None when the part is damaged/gone, where it came from)."""
+        name = posixpath.basename(info.path)
+        loc = self.store.sidecar_loc(kind, name)
+        if loc.path in sidecars:
+            data = read_bytes(loc)
+            if data is not None:
+                try:
+                    return part_summary.decode(data, kind, info.size), "sidecar"
+                except part_summary.BadSidecar as exc:
+                    logger.warning("sidecar %s %s: rebuilding it from the part", loc.uri, exc)
+        table = self.store.read_part(info.path, part_summary.SOURCE_COLUMNS[kind])
+        if not table.num_rows:  # quarantined by this read, or by another reader meanwhile
+            return None, "part"
+        summary = part_summary.summarize(kind, table, info.size)
+        try:
+            write_bytes_atomic(loc, part_summary.encode(summary))
+        except OSError as exc:  # a read-only reader still gets its answer
+            logger.warning("cannot write sidecar %s (%s): rebuilt again next time", loc.uri, exc)
+        return summary, "part"
+
+    def _add_failures(self, summaries: list[pa.Table]) -> None:
+        if summaries:
+            new = np.concatenate([s.column("digest").to_numpy() for s in summaries])
+            self.failed = np.union1d(self.failed, new)
+
+    def _codes(self, column: pa.ChunkedArray, vocab: list) -> np.ndarray:
+        """A dictionary column as codes into ``vocab`` (extended with new values)."""
+        arr = column.combine_chunks()
+        values = arr.dictionary.to_pylist() + [None]
+        for v in values:
+            if v not in vocab:
+                vocab.append(v)
+        remap = np.array([vocab.index(v) for v in values], np.uint16)
+        idx = arr.indices.fill_null(len(values) - 1).to_numpy()
+        return remap[idx]
+
+    def _add_data(self, parts: list[tuple[str, pa.Table]]) -> None:
+        if not parts:
+            return
+        cols: dict[str, list[np.ndarray]] = collections.defaultdict(list)
+        for path, s in parts:
+            pid = len(self.part_paths)
+            self.part_paths.append(path)
+            n = s.num_rows
+            self.data_rows += n
+            for h, b, count in part_summary.details(s)["budgets"]:
+                self.first_budgets[(h, b)] += count
+            cols["digest"].append(s.column("digest").to_numpy())
+            cols["version"].append(s.column("version").to_numpy())
+            cols["created_ms"].append(s.column("created_ms").to_numpy())
+            cols["part"].append(np.full(n, pid, np.uint32))
+            cols["row"].append(np.arange(n, dtype=np.uint32))
+            cols["finish"].append(self._codes(s.column("finish"), self.finishes))
+            cols["tokens"].append(s.column("tokens").to_numpy())
+            cols["prompt"].append(s.column("prompt").to_numpy())
+            cols["settings"].append(self._codes(s.column("settings"), self.settings))
+        self._merge({name: np.concatenate(cols[name]).astype(dtype, copy=False)
+                     for name, dtype in COLUMNS.items()})
+
+    def _merge(self, new: dict[str, np.ndarray]) -> None:
+        """Fold rows into the per-key arrays, keeping each key's latest (LATEST_ORDER).
+        New rows' part ids follow their paths' order, so within them the lexsort is the
+        rule; against a held row the rare exact tie compares the part paths."""
+        order = np.lexsort((new["row"], new["part"], new["created_ms"], new["version"],
+                            new["digest"]))
+        new = {k: v[order] for k, v in new.items()}
+        d = new["digest"]
+        last = np.ones(len(d), bool)
+        last[:-1] = d[1:] != d[:-1]
+        new = {k: v[last] for k, v in new.items()}
+        old = self.latest
+        found, pos = sorted_contains(old["digest"], new["digest"])
+        if found.any():
+            i_new, i_old = np.flatnonzero(found), pos[found]
+            wins = self._newer(new, i_new, i_old)
+            for k in COLUMNS:
+                old[k][i_old[wins]] = new[k][i_new[wins]]
+        add = ~found
+        at = np.searchsorted(old["digest"], new["digest"][add])
+        for k in COLUMNS:
+            old[k] = np.insert(old[k], at, new[k][add])
+
+    def _newer(self, new: dict[str, np.ndarray], i_new: np.ndarray,
+               i_old: np.ndarray) -> np.ndarray:
+        old = self.latest
+        nv, ov = new["version"][i_new], old["version"][i_old]
+        nc, oc = new["created_ms"][i_new], old["created_ms"][i_old]
+        wins = (nv > ov) | ((nv == ov) & (nc > oc))
+        for j in np.flatnonzero((nv == ov) & (nc == oc)):
+            a, b = i_new[j], i_old[j]
+            wins[j] = ((self.part_paths[new["part"][a]], new["row"][a])
+                       > (self.part_paths[old["part"][b]], old["row"][b]))
+        return wins
+
+    # --- answers ---
+
+    @property
+    def done(self) -> np.ndarray:
+        """Sorted digests of the keys with a row in data/."""
+        return self.latest["digest"]
+
+    def open_failed(self) -> np.ndarray:
+        """Sorted digests of keys that failed and have no row in data/ since."""
+        return self.failed[~sorted_contains(self.done, self.failed)[0]]
+
+    def code_of_finish(self, reason: str) -> int:
+        return self.finishes.index(reason) if reason in self.finishes else -1
+
+    @property
+    def truncated(self) -> int:
+        return int((self.latest["finish"] == self.code_of_finish("length")).sum())
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.latest["tokens"].sum())
+
+    def finish_counts(self) -> dict[Optional[str], int]:
+        """finish_reason -> keys whose latest version ended so."""
+        counts = np.bincount(self.latest["finish"], minlength=len(self.finishes))
+        return {self.finishes[c]: int(n) for c, n in enumerate(counts) if n}
+
+    def settings_of(self, rows: np.ndarray) -> list[Optional[str]]:
+        return [self.settings[c] for c in self.latest["settings"][rows]]
+
+    def winners_by_part(self) -> dict[str, np.ndarray]:
+        """data part path -> positions of its rows that are a key's latest, ascending,
+        for the parts holding any (in path order)."""
+        part, row = self.latest["part"], self.latest["row"]
+        order = np.lexsort((row, part))
+        part, row = part[order], row[order]
+        cuts = np.flatnonzero(np.diff(part)) + 1
+        groups = {self.part_paths[g[0]]: r for g, r in zip(np.split(part, cuts),
+                                                            np.split(row, cuts)) if len(g)}
+        return dict(sorted(groups.items()))
+
+    def take_events(self) -> list[tuple[str, str]]:
+        events, self.events = self.events, []
+        return events
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-key arrays (the index's size grows with these)."""
+        return int(sum(a.nbytes for a in self.latest.values()) + self.failed.nbytes)
+
+
+def read_latest(store: RunStore, index: RunIndex, columns: list[str]) -> Iterable[pa.Table]:
+    """``columns`` of every key's latest row, one table per data part (streaming)."""
+    for path, rows in index.winners_by_part().items():
+        table = store.read_part(path, columns)
+        if table.num_rows:  # quarantined since the index read its sidecar: not done
+            yield table.take(pa.array(rows))
+
+
+def describe(index: RunIndex) -> dict[str, Any]:
+    """The index's counts (for logs and the benchmark)."""
+    return {"keys": len(index.done), "data_rows": index.data_rows,
+            "open_failed": len(index.open_failed()), "rejected": len(index.reject_ids),
+            "parts": len(index.seen), "reads": dict(index.reads), "bytes": index.nbytes}
