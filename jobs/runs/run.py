@@ -186,7 +186,7 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
 
     import ray
 
-    from jobs.io.run_index import describe
+    from jobs.io.run_index import describe as describe_index
     from jobs.runs import continuation
 
     from jobs.pipeline import chain as pipeline
@@ -207,7 +207,7 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         started = time.monotonic()
         state = RunState.read(store)
         logger.info("run index read in %.1f s: %s", time.monotonic() - started,
-                    describe(state.index))
+                    describe_index(state.index))
         if continue_truncated:
             total = input_total(store, inputs, cfg.job.limit)
             target = continuation.check_total(cfg, max_total_tokens)
