@@ -82,7 +82,7 @@ def summarize(kind: str, table: pa.Table, part_bytes: int) -> pa.Table:
             "version": pc.fill_null(table.column("version"), 0).cast(pa.int32()),
             "created_ms": pc.fill_null(table.column("created_at").cast(pa.int64()), 0),
             "finish": table.column("finish_reason").dictionary_encode(),
-            "tokens": pc.fill_null(table.column("completion_tokens"), 0).cast(pa.int64()),
+            "tokens": pc.fill_null(table.column("completion_tokens"), 0).cast(pa.int32()),
             "prompt": _digests(table.column("prompt_hash")),
             "settings": table.column("settings_hash").dictionary_encode(),
         }

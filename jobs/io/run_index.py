@@ -15,7 +15,7 @@ thread's scans and the end of a session cost what was written since the last one
 
 Memory: one entry per key, in numpy arrays sorted by key digest (8-byte blake2b,
 jobs/io/digests.py): digest, version, created_ms, part, row, finish code, tokens,
-prompt digest, settings code: 45 bytes per key (450 MB at 10M keys), no Python
+prompt digest, settings code: 43 bytes per key (430 MB at 10M keys), no Python
 string per key. Two different keys with the same digest (probability ~n^2/2^65,
 3e-6 at 10M keys) are one key here: the later-written counts as a newer row of the
 earlier, which then counts as done (the same as admission's duplicate check).
@@ -48,7 +48,7 @@ OPEN_THREADS = 32   # sidecar reads in flight: each S3 GET is ~30 ms of waiting
 LATEST_ORDER = ("version", "created_at")   # then part path, then row: see the docstring
 # Per-key arrays, kept aligned and sorted by digest.
 COLUMNS = {"digest": np.uint64, "version": np.int32, "created_ms": np.int64,
-           "part": np.uint32, "row": np.uint32, "finish": np.uint8, "tokens": np.int64,
+           "part": np.uint32, "row": np.uint32, "finish": np.uint8, "tokens": np.int32,
            "prompt": np.uint64, "settings": np.uint16}
 VERSION_MIX = np.uint64(0x9E3779B97F4A7C15)   # odd: spreads versions over all 64 bits
 
@@ -267,7 +267,7 @@ class RunIndex:
 
     @property
     def output_tokens(self) -> int:
-        return int(self.latest["tokens"].sum())
+        return int(self.latest["tokens"].sum(dtype=np.int64))
 
     def finish_counts(self) -> dict[Optional[str], int]:
         """finish_reason -> keys whose latest version ended so."""
