@@ -50,6 +50,9 @@ LATEST_ORDER = ("version", "created_at")   # then part path, then row: see the d
 COLUMNS = {"digest": np.uint64, "version": np.int32, "created_ms": np.int64,
            "part": np.uint32, "row": np.uint32, "finish": np.uint8, "tokens": np.int32,
            "prompt": np.uint64, "settings": np.uint16}
+# Rows collected from sidecars before they are merged into the per-key arrays: bounds
+# the open's extra memory (~100 B per collected row) whatever the run's size.
+MERGE_ROWS = 1 << 20
 VERSION_MIX = np.uint64(0x9E3779B97F4A7C15)   # odd: spreads versions over all 64 bits
 
 
@@ -129,26 +132,32 @@ class RunIndex:
         if new:
             sidecars = {info.path for kind in KINDS for info in list_files(
                 self.store.loc(part_summary.INDEX, kind), part_summary.SUFFIX)}
+            rows: dict[str, list[np.ndarray]] = collections.defaultdict(list)
+            failed: list[np.ndarray] = []
+            collected = 0
             with ThreadPoolExecutor(max_workers=min(self.threads, len(new))) as pool:
-                summaries = list(pool.map(lambda ki: self._summary(*ki, sidecars), new))
-            fresh = collections.defaultdict(list)
-            for (kind, info), (summary, source) in zip(new, summaries):
-                self.seen.add(info.path)
-                self.bytes_written += info.size or 0
-                if info.mtime is not None:
-                    self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
-                self.reads[source] += 1
-                if summary is not None:  # None: quarantined or gone, its rows not done
-                    fresh[kind].append((info.path, summary))
-            self._add_data(fresh["data"])
-            self._add_failures([s for _, s in fresh["failures"]])
-            for _, summary in fresh["rejects"]:
-                self.reject_ids.update(summary.column("reject_id").to_pylist())
-            for kind in KINDS:
-                for _, summary in fresh[kind]:
+                # in order, each summary turned into arrays and dropped as it arrives
+                for (kind, info), (summary, source) in zip(new, _in_order(
+                        pool, lambda ki: self._summary(*ki, sidecars), new, 4 * self.threads)):
+                    self._note_part(info, source)
+                    if summary is None:  # quarantined or gone: its rows are not done
+                        continue
                     for metric, labels in part_summary.details(summary)["events"].items():
                         self.events += [(metric, label) for label, n in sorted(labels.items())
                                         for _ in range(n)]
+                    if kind == "data":
+                        self._add_part(info.path, summary, rows)
+                        collected += summary.num_rows
+                        if collected >= MERGE_ROWS:
+                            self._merge_rows(rows)
+                            collected = 0
+                    elif kind == "failures":
+                        failed.append(summary.column("digest").to_numpy())
+                    else:
+                        self.reject_ids.update(summary.column("reject_id").to_pylist())
+            if failed:
+                self.failed = np.union1d(self.failed, np.concatenate(failed))
+            self._merge_rows(rows)
         self.quarantined = len(self.store.quarantined())
         return len(new)
 
@@ -173,10 +182,12 @@ class RunIndex:
             logger.warning("cannot write sidecar %s (%s): rebuilt again next time", loc.uri, exc)
         return summary, "part"
 
-    def _add_failures(self, summaries: list[pa.Table]) -> None:
-        if summaries:
-            new = np.concatenate([s.column("digest").to_numpy() for s in summaries])
-            self.failed = np.union1d(self.failed, new)
+    def _note_part(self, info, source: str) -> None:
+        self.seen.add(info.path)
+        self.bytes_written += info.size or 0
+        if info.mtime is not None:
+            self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
+        self.reads[source] += 1
 
     def _codes(self, column: pa.ChunkedArray, vocab: list) -> np.ndarray:
         """A dictionary column as codes into ``vocab`` (extended with new values)."""
@@ -186,31 +197,29 @@ class RunIndex:
             if v not in vocab:
                 vocab.append(v)
         remap = np.array([vocab.index(v) for v in values], np.uint16)
-        idx = arr.indices.fill_null(len(values) - 1).to_numpy()
-        return remap[idx]
+        indices = arr.indices.fill_null(len(values) - 1) if arr.null_count else arr.indices
+        return remap[indices.to_numpy()]
 
-    def _add_data(self, parts: list[tuple[str, pa.Table]]) -> None:
-        if not parts:
-            return
-        cols: dict[str, list[np.ndarray]] = collections.defaultdict(list)
-        for path, s in parts:
-            pid = len(self.part_paths)
-            self.part_paths.append(path)
-            n = s.num_rows
-            self.data_rows += n
-            for h, b, count in part_summary.details(s)["budgets"]:
-                self.first_budgets[(h, b)] += count
-            cols["digest"].append(s.column("digest").to_numpy())
-            cols["version"].append(s.column("version").to_numpy())
-            cols["created_ms"].append(s.column("created_ms").to_numpy())
-            cols["part"].append(np.full(n, pid, np.uint32))
-            cols["row"].append(np.arange(n, dtype=np.uint32))
-            cols["finish"].append(self._codes(s.column("finish"), self.finishes))
-            cols["tokens"].append(s.column("tokens").to_numpy())
-            cols["prompt"].append(s.column("prompt").to_numpy())
-            cols["settings"].append(self._codes(s.column("settings"), self.settings))
-        self._merge({name: np.concatenate(cols[name]).astype(dtype, copy=False)
-                     for name, dtype in COLUMNS.items()})
+    def _merge_rows(self, rows: dict[str, list[np.ndarray]]) -> None:
+        """Merge the collected rows and empty ``rows`` (column by column, so the lists
+        and their concatenation never coexist whole)."""
+        if rows["digest"]:
+            self._merge({name: np.concatenate(rows.pop(name)).astype(dtype, copy=False)
+                         for name, dtype in COLUMNS.items()})
+
+    def _add_part(self, path: str, s: pa.Table, rows: dict[str, list[np.ndarray]]) -> None:
+        """Append a data part's rows to ``rows`` (per-key columns, as COLUMNS)."""
+        pid, n = len(self.part_paths), s.num_rows
+        self.part_paths.append(path)
+        self.data_rows += n
+        for h, b, count in part_summary.details(s)["budgets"]:
+            self.first_budgets[(h, b)] += count
+        for name in ("digest", "version", "created_ms", "tokens", "prompt"):
+            rows[name].append(s.column(name).to_numpy())
+        rows["part"].append(np.full(n, pid, np.uint32))
+        rows["row"].append(np.arange(n, dtype=np.uint32))
+        rows["finish"].append(self._codes(s.column("finish"), self.finishes))
+        rows["settings"].append(self._codes(s.column("settings"), self.settings))
 
     def _merge(self, new: dict[str, np.ndarray]) -> None:
         """Fold rows into the per-key arrays, keeping each key's latest (LATEST_ORDER).
@@ -218,11 +227,14 @@ class RunIndex:
         rule; against a held row the rare exact tie compares the part paths."""
         order = np.lexsort((new["row"], new["part"], new["created_ms"], new["version"],
                             new["digest"]))
-        new = {k: v[order] for k, v in new.items()}
+        for k in COLUMNS:  # column by column: one temporary copy at a time
+            new[k] = new[k][order]
+        del order
         d = new["digest"]
         last = np.ones(len(d), bool)
         last[:-1] = d[1:] != d[:-1]
-        new = {k: v[last] for k, v in new.items()}
+        for k in COLUMNS:
+            new[k] = new[k][last]
         old = self.latest
         found, pos = sorted_contains(old["digest"], new["digest"])
         if found.any():
@@ -233,7 +245,7 @@ class RunIndex:
         add = ~found
         at = np.searchsorted(old["digest"], new["digest"][add])
         for k in COLUMNS:
-            old[k] = np.insert(old[k], at, new[k][add])
+            old[k] = np.insert(old[k], at, new[k][add]) if len(old[k]) else new[k][add]
 
     def _newer(self, new: dict[str, np.ndarray], i_new: np.ndarray,
                i_old: np.ndarray) -> np.ndarray:
@@ -296,6 +308,18 @@ class RunIndex:
     def nbytes(self) -> int:
         """Bytes of the per-key arrays (the index's size grows with these)."""
         return int(sum(a.nbytes for a in self.latest.values()) + self.failed.nbytes)
+
+
+def _in_order(pool: ThreadPoolExecutor, fn, items: list, window: int):
+    """fn(item) for each item, run in the pool, yielded in order with at most ``window``
+    in flight: results wait for the consumer in bounded numbers."""
+    pending: collections.deque = collections.deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def read_latest(store: RunStore, index: RunIndex, columns: list[str]) -> Iterable[pa.Table]:

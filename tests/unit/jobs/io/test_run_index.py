@@ -232,3 +232,14 @@ def test_continuation_reads_only_parts_with_rows_to_continue(store):
     wanted = to_continue(index, 8192)
     assert wanted.tolist() == [key_digest("cut")]
     assert parts_to_read(index, wanted) == [cut]
+
+
+def test_an_open_merged_in_chunks_picks_the_same_rows(store, monkeypatch):
+    for i in range(6):
+        write(store, "data", [make_row("t", i % 3, created_at=T0, answer=str(i)),
+                              make_row(f"k{i}", 0), make_row(f"k{i + 1}", 1)])
+    whole = RunIndex.open(store)
+    monkeypatch.setattr(run_index, "MERGE_ROWS", 2)  # a merge after every part
+    chunked = RunIndex.open(store)
+    assert {k: v.tolist() for k, v in chunked.latest.items()} == \
+        {k: v.tolist() for k, v in whole.latest.items()}
