@@ -109,7 +109,7 @@ class RunIndex:
         self.finishes: list[Optional[str]] = []     # finish code -> finish_reason
         self.settings: list[Optional[str]] = []     # settings code -> settings_hash
         self.data_rows = 0                           # rows of every version
-        self.seen: set[str] = set()                  # part paths already read
+        self.seen: set[str] = set()                  # paths of the parts read whole
         self.bytes_written, self.last_write_ts, self.quarantined = 0, 0.0, 0
         # (metric, label) of outcomes in parts first seen since the caller last cleared
         # it: the job's failure/retry/reject counters come from durable rows.
@@ -139,9 +139,10 @@ class RunIndex:
                 # in order, each summary turned into arrays and dropped as it arrives
                 for (kind, info), (summary, source) in zip(new, _in_order(
                         pool, lambda ki: self._summary(*ki, sidecars), new, 4 * self.threads)):
-                    self._note_part(info, source)
-                    if summary is None:  # quarantined or gone: its rows are not done
-                        continue
+                    self.reads[source] += 1
+                    if summary is None:  # quarantined or gone: its rows are not done, and
+                        continue         # a part written again under its name is new
+                    self._note_part(info)
                     for metric, labels in part_summary.details(summary)["events"].items():
                         self.events += [(metric, label) for label, n in sorted(labels.items())
                                         for _ in range(n)]
@@ -182,12 +183,11 @@ class RunIndex:
             logger.warning("cannot write sidecar %s (%s): rebuilt again next time", loc.uri, exc)
         return summary, "part"
 
-    def _note_part(self, info, source: str) -> None:
+    def _note_part(self, info) -> None:
         self.seen.add(info.path)
         self.bytes_written += info.size or 0
         if info.mtime is not None:
             self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
-        self.reads[source] += 1
 
     def _codes(self, column: pa.ChunkedArray, vocab: list) -> np.ndarray:
         """A dictionary column as codes into ``vocab`` (extended with new values)."""

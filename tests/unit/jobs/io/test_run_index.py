@@ -243,3 +243,16 @@ def test_an_open_merged_in_chunks_picks_the_same_rows(store, monkeypatch):
     chunked = RunIndex.open(store)
     assert {k: v.tolist() for k, v in chunked.latest.items()} == \
         {k: v.tolist() for k, v in whole.latest.items()}
+
+
+def test_a_part_written_again_under_a_quarantined_parts_name_is_read(store):
+    """The next session regenerates a quarantined part's rows, often into a part of the
+    same name: the index that saw the damaged one must read the new one."""
+    rows = [make_row("a"), make_row("b")]
+    path = write(store, "data", rows)
+    with open(path, "wb") as f:
+        f.write(b"PAR1 garbage")  # damaged in place: the sidecar no longer fits
+    index = RunIndex.open(store)
+    assert len(index.done) == 0 and index.quarantined == 1
+    assert write(store, "data", rows) == path
+    assert index.refresh() == 1 and len(index.done) == 2
