@@ -16,9 +16,10 @@ thread's scans and the end of a session cost what was written since the last one
 Memory: one entry per key, in numpy arrays sorted by key digest (8-byte blake2b,
 jobs/io/digests.py): digest, version, created_ms, part, row, finish code, tokens,
 prompt digest, settings code: 43 bytes per key (430 MB at 10M keys), no Python
-string per key. Two different keys with the same digest (probability ~n^2/2^65,
-3e-6 at 10M keys) are one key here: the later-written counts as a newer row of the
-earlier, which then counts as done (the same as admission's duplicate check).
+string per key; an open merges what it collected every MERGE_ROWS rows, so its
+transient memory stays bounded. Two different keys with the same digest (probability
+~n^2/2^65, 3e-6 at 10M keys) are one key here: the rule below picks one row for both,
+and both count as done (as in admission's PriorRun, which holds the same digests).
 
 The latest version of a key (THE tie-break rule, ``LATEST_ORDER``): the highest
 version; equal versions (which the writer never produces) the later created_at,
