@@ -20,8 +20,8 @@ that is never null keeps one type in every shard (datasets.load_dataset("json") 
 the types from the first shard and fails on a later string where it saw only nulls).
 
 Design decisions:
-- Streaming: finalize.pick_latest picks each key's latest version from a few scalar
-  columns; then data files are read one at a time, only the winning rows and the
+- Streaming: finalize.pick_latest picks each key's latest version from the run index
+  (the parts' sidecars); then data files are read one at a time, only the winning rows and the
   columns the format needs, filtered, converted and appended to the current shard.
   Memory is one data file plus one shard (cut at --rows-per-file or ~256 MiB).
 - Filters run on the latest version (a continued row counts as its continuation), in a
@@ -282,7 +282,7 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
                           f"an export now would miss rows still being written. Wait for it "
                           f"to finish; --force exports what is there.") from None
     picks = pick_latest(store)
-    if picks.winners.empty:
+    if not picks.keys:
         raise ExportError(f"run {store.uri} has no rows in data/: nothing to export")
     try:  # until the new manifest lands, the folder reads as incomplete
         out.fs.delete_file(out.join(MANIFEST).path)
@@ -290,14 +290,15 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         pass
     columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
     writer, dropped = ShardWriter(out, fmt, file_type, rows_per_file), {}
-    for i, path in enumerate(picks.paths):
-        if i in picks.rows:
-            latest = store.read_part(path, columns).take(picks.rows[i])
-            kept = filters.apply(latest, dropped)
-            if fmt == "pretokenized" and file_type == "jsonl":
-                writer.add_lines(pretokenized_lines(kept))
-            else:
-                writer.add(RECORDS[fmt](row) for row in kept.to_pylist())
+    for path, rows in picks.rows.items():
+        part = store.read_part(path, columns)
+        if not part.num_rows:  # quarantined since the index read its sidecar: not done
+            continue
+        kept = filters.apply(part.take(pa.array(rows)), dropped)
+        if fmt == "pretokenized" and file_type == "jsonl":
+            writer.add_lines(pretokenized_lines(kept))
+        else:
+            writer.add(RECORDS[fmt](row) for row in kept.to_pylist())
     writer.cut()
     _remove_stale(out, {f["name"] for f in writer.files})
     elapsed = time.monotonic() - started
@@ -306,8 +307,8 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         "run": store.uri, "out": out.uri, "format": fmt, "file_type": file_type,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "rows": rows, "files": writer.files,
-        "data_rows": picks.data_rows, "keys": len(picks.winners),
-        "older_versions_skipped": picks.data_rows - len(picks.winners),
+        "data_rows": picks.data_rows, "keys": picks.keys,
+        "older_versions_skipped": picks.data_rows - picks.keys,
         "dropped": {name: n for name, n in dropped.items()},
         "filters": {**filters.__dict__, "categories": list(filters.categories)},
         "elapsed_s": round(elapsed, 3), "rows_per_s": round(rows / max(elapsed, 1e-9), 1),

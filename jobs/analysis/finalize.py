@@ -7,12 +7,13 @@ writes <run>/final/part-00000.parquet ... and <run>/final/manifest.json.
 
 Design decisions:
 - data/ keeps every version of a row (continuations append version+1); consumers
-  want one row per key. The winner is the latest version (ties, which the writer never
-  produces, break by created_at, then file path and row position, so the choice is
-  still deterministic).
-- Two passes keep memory bounded on a 900K-row run: pass 1 reads a few scalar columns
-  to pick winners; pass 2 streams the data files in path order, keeps the winning rows
-  and cuts parts of at most rows_per_file rows (or ~1 GiB of Arrow data).
+  want one row per key. The winner is the latest version by the run index's one rule
+  (jobs/io/run_index.py: ties, which the writer never produces, break by created_at,
+  then file path and row position, so the choice is still deterministic).
+- Memory stays bounded on a 900K-row run: the run index picks the winners from the
+  parts' sidecars (no part read for that); then the data files are streamed in path
+  order, the winning rows kept and cut into parts of at most rows_per_file rows (or
+  ~1 GiB of Arrow data); the manifest's counts are tallied on the way.
 - Idempotent and crash-safe: the old manifest is deleted first, parts get
   deterministic names and contents (same input -> same bytes -> same sha256), parts
   that are no longer part of the result are removed, and the manifest is written last.
@@ -35,22 +36,23 @@ import io
 import posixpath
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
 from jobs.io.storage import list_files, write_bytes_atomic, write_json_atomic
 
 ROWS_PER_FILE = 50_000
 MAX_BUFFER_BYTES = 1 << 30   # cut a part early rather than hold more Arrow data than this
-PICK_COLUMNS = ["key", "version", "created_at", "finish_reason", "max_new_tokens",
-                "settings_hash"]
+# Manifest field -> the column of the winning rows it counts.
+TALLIED = {"settings_hashes": "settings_hash", "budgets": "max_new_tokens",
+           "finish_reasons": "finish_reason", "versions": "version"}
 
 
 class FinalizeError(RuntimeError):
@@ -59,27 +61,18 @@ class FinalizeError(RuntimeError):
 
 @dataclass
 class Picks:
-    paths: list[str]                  # data files, sorted by path
-    rows: dict[int, np.ndarray]       # file index -> winning row positions, ascending
-    winners: pd.DataFrame             # PICK_COLUMNS of the winning rows
-    data_rows: int                    # rows of every version read
+    rows: dict[str, np.ndarray]       # data part path -> winning row positions, ascending
+    keys: int                         # one winner per key
+    data_rows: int                    # rows of every version
+    data_files: int
+    open_failures: int                # keys failed and not done since
 
 
 def pick_latest(store: RunStore) -> Picks:
-    """Pass 1: the latest version of every key, from a few scalar columns."""
-    paths = store.part_paths("data")
-    frames = []
-    for i, path in enumerate(paths):
-        df = store.read_part(path, PICK_COLUMNS).to_pandas()
-        frames.append(df.assign(_file=i, _row=np.arange(len(df))))
-    if not frames:
-        return Picks(paths, {}, pd.DataFrame(columns=PICK_COLUMNS), 0)
-    rows = pd.concat(frames, ignore_index=True)
-    rows = rows.sort_values(["key", "version", "created_at", "_file", "_row"], kind="stable")
-    winners = rows.drop_duplicates("key", keep="last")
-    picks = {int(f): np.sort(g["_row"].to_numpy())
-             for f, g in winners.groupby("_file", sort=True)}
-    return Picks(paths, picks, winners, len(rows))
+    """The latest version of every key, from the run index (the parts' sidecars)."""
+    index = RunIndex.open(store)
+    return Picks(index.winners_by_part(), len(index.done), index.data_rows,
+                 len(index.part_paths), len(index.open_failed()))
 
 
 def _write_part(store: RunStore, index: int, table: pa.Table) -> dict[str, Any]:
@@ -92,9 +85,16 @@ def _write_part(store: RunStore, index: int, table: pa.Table) -> dict[str, Any]:
             "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def write_parts(store: RunStore, picks: Picks, rows_per_file: int) -> list[dict[str, Any]]:
-    """Pass 2: stream the winning rows into final/part-NNNNN.parquet; the file entries."""
-    files: list[dict[str, Any]] = []
+@dataclass
+class Written:
+    files: list[dict[str, Any]] = field(default_factory=list)
+    tallies: dict[str, Counter] = field(default_factory=lambda: {k: Counter() for k in TALLIED})
+
+
+def write_parts(store: RunStore, picks: Picks, rows_per_file: int) -> Written:
+    """Stream the winning rows into final/part-NNNNN.parquet: the file entries and the
+    tallies of the rows written."""
+    out = Written()
     buffer: list[pa.Table] = []   # concatenated only when a part is cut: no re-copying
 
     def cut(final: bool) -> list[pa.Table]:
@@ -102,54 +102,48 @@ def write_parts(store: RunStore, picks: Picks, rows_per_file: int) -> list[dict[
         while table.num_rows and (table.num_rows >= rows_per_file or final
                                   or table.nbytes > MAX_BUFFER_BYTES):
             n = min(rows_per_file, table.num_rows)
-            files.append(_write_part(store, len(files), table.slice(0, n)))
+            out.files.append(_write_part(store, len(out.files), table.slice(0, n)))
             table = table.slice(n)
         return [table] if table.num_rows else []
 
-    for i, path in enumerate(picks.paths):
-        if i not in picks.rows:
+    for path, rows in picks.rows.items():
+        part = store.read_part(path)
+        if not part.num_rows:  # quarantined since the index read its sidecar: not done
             continue
-        buffer.append(store.read_part(path).select(DATA.names).cast(DATA).take(picks.rows[i]))
+        winners = part.select(DATA.names).cast(DATA).take(pa.array(rows))
+        for name, column in TALLIED.items():
+            out.tallies[name].update(str(v) for v in winners.column(column).to_pylist())
+        buffer.append(winners)
         if (sum(t.num_rows for t in buffer) >= rows_per_file
                 or sum(t.nbytes for t in buffer) > MAX_BUFFER_BYTES):
             buffer = cut(final=False)
     cut(final=True)
-    return files
+    return out
 
 
-def _counts(series: pd.Series) -> dict[str, int]:
-    return {str(k): int(v) for k, v in sorted(Counter(series.astype(str)).items())}
-
-
-def missing_parts(store: RunStore, winners: pd.DataFrame) -> dict[str, Any]:
+def missing_parts(store: RunStore, picks: Picks) -> dict[str, Any]:
     """What keeps the run from being complete ({} when nothing does)."""
     progress = store.read_json("progress.json") or {}
-    failed = set(store.read_kind("failures", ["key"]).column("key").to_pylist())
     missing = {"status": progress.get("status", "unknown"),
                "prompts_without_result": int(progress.get("remaining") or 0),
-               "open_failures": len(failed - set(winners["key"]))}
+               "open_failures": picks.open_failures}
     if (missing["status"] == "succeeded" and not missing["prompts_without_result"]
             and not missing["open_failures"]):
         return {}
     return missing
 
 
-def build_manifest(store: RunStore, picks: Picks, files: list[dict[str, Any]],
+def build_manifest(store: RunStore, picks: Picks, written: Written,
                    rows_per_file: int, missing: dict[str, Any]) -> dict[str, Any]:
-    winners = picks.winners
-    failed = set(store.read_kind("failures", ["key"]).column("key").to_pylist())
     return {
         "run": store.uri, "complete": not missing, "missing": missing or None,
         "schema": "jobs.io.schema.DATA",
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "row_count": int(sum(f["rows"] for f in files)), "rows_per_file": rows_per_file,
-        "files": files,
-        "source_data_files": len(picks.paths), "source_data_rows": picks.data_rows,
-        "settings_hashes": _counts(winners["settings_hash"]),
-        "budgets": _counts(winners["max_new_tokens"]),
-        "finish_reasons": _counts(winners["finish_reason"]),
-        "versions": _counts(winners["version"]),
-        "open_failures": len(failed - set(winners["key"])),
+        "row_count": int(sum(f["rows"] for f in written.files)),
+        "rows_per_file": rows_per_file, "files": written.files,
+        "source_data_files": picks.data_files, "source_data_rows": picks.data_rows,
+        **{name: dict(sorted(counts.items())) for name, counts in written.tallies.items()},
+        "open_failures": picks.open_failures,
     }
 
 
@@ -173,9 +167,9 @@ def finalize(store: RunStore, force: bool = False, rows_per_file: int = ROWS_PER
     """Write final/ (parts, then manifest.json last); returns the manifest."""
     check_not_running(store, force)
     picks = pick_latest(store)
-    if picks.winners.empty:
+    if not picks.keys:
         raise FinalizeError(f"run {store.uri} has no rows in data/: nothing to finalize")
-    missing = missing_parts(store, picks.winners)
+    missing = missing_parts(store, picks)
     if missing and not allow_partial:
         raise FinalizeError(
             f"run {store.uri} is not complete (last status {missing['status']}, "
@@ -188,9 +182,9 @@ def finalize(store: RunStore, force: bool = False, rows_per_file: int = ROWS_PER
         store.root.fs.delete_file(manifest_loc.path)
     except FileNotFoundError:
         pass
-    files = write_parts(store, picks, rows_per_file)
-    _remove_stale(store, {f["name"] for f in files})
-    manifest = build_manifest(store, picks, files, rows_per_file, missing)
+    written = write_parts(store, picks, rows_per_file)
+    _remove_stale(store, {f["name"] for f in written.files})
+    manifest = build_manifest(store, picks, written, rows_per_file, missing)
     write_json_atomic(manifest_loc, manifest)
     return manifest
 

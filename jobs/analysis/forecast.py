@@ -32,6 +32,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from jobs.io.run_index import latest_rows
+
 MIN_UNCENSORED = 20          # per-category fit needs this many observed lengths
 N_BOOT = 200
 CI = (5.0, 95.0)
@@ -238,14 +240,6 @@ def kaplan_meier(tokens: np.ndarray, censored: np.ndarray, caps: Sequence[float]
 
 # --- the forecast ---------------------------------------------------------------------
 
-def latest_per_key(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per key, its latest version (a no-op for an already deduplicated frame)."""
-    if not {"key", "version"} <= set(df.columns) or not df["key"].duplicated().any():
-        return df
-    order = ["key", "version"] + (["created_at"] if "created_at" in df.columns else [])
-    return df.sort_values(order, kind="stable").drop_duplicates("key", keep="last")
-
-
 def current_cap(df: pd.DataFrame) -> Optional[int]:
     """The budget the run's rows ran under: the largest held by >= 1% of rows.
 
@@ -396,9 +390,10 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
     """The what-if over caps, with fit details and notes (see the module docstring).
 
     df: the run's rows (finish_reason, completion_tokens; category, max_new_tokens,
-    key/version optional). Several versions of a key are reduced to the latest.
+    key/version optional). Several versions of a key are reduced to the latest
+    (run_index.latest_rows).
     """
-    df = latest_per_key(df)
+    df = latest_rows(df)
     sample, cap = Sample(df), current_cap(df)
     caps = sorted({int(c) for c in (caps or default_caps(cap))})
     out: dict[str, Any] = {

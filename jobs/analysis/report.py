@@ -5,8 +5,9 @@
 Design decisions:
 - Every figure is computed over the latest version per key, the row's current state:
   a continued row counts once, with its cumulative tokens and last finish reason.
-  Only the few scalar columns are read, never token ids or text, so a 900K-row run
-  fits in memory.
+  The run index (jobs/io/run_index.py) says which row that is; the data parts are
+  then read one at a time, only the few scalar columns and only the latest rows, never
+  token ids or text, so memory holds one row per key, not every version.
 - The same summary is computed overall, per category and per prompt-length bin by
   one function (group_stats), so the three tables can never disagree in definition.
 - "Truncated" means finish_reason == "length" (cut at the row's budget); split into
@@ -30,9 +31,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from jobs.analysis.forecast import forecast_report, latest_per_key
+from jobs.analysis.forecast import forecast_report
+from jobs.io.digests import digests_of, sorted_contains
+from jobs.io.run_index import RunIndex, read_latest
 from jobs.io.run_store import RunStore
+from jobs.io.schema import DATA
 from jobs.io.storage import write_bytes_atomic, write_json_atomic
 
 DEGENERATE_REPETITION = 0.5   # share of repeated 4-grams above which an output is a loop
@@ -48,14 +53,18 @@ REPORT_COLUMNS = [
 
 # --- figures ----------------------------------------------------------------------------
 
-def load_latest(store: RunStore) -> tuple[pd.DataFrame, int]:
-    """(one row per key with its latest version, number of data rows of all versions)."""
-    table = store.read_kind("data", REPORT_COLUMNS)
+def load_latest(store: RunStore, index: Optional[RunIndex] = None) -> tuple[pd.DataFrame, int]:
+    """(one row per key with its latest version, number of data rows of all versions).
+    ``index``: the run's index when the caller holds one (refreshed here)."""
+    if index is None:
+        index = RunIndex(store)
+    index.refresh()
+    tables = list(read_latest(store, index, REPORT_COLUMNS))
+    table = pa.concat_tables(tables) if tables else pa.schema(
+        [DATA.field(c) for c in REPORT_COLUMNS]).empty_table()
     df = table.to_pandas()
-    total = len(df)
-    df = latest_per_key(df).reset_index(drop=True)
     df["category"] = df["category"].fillna("none").astype(str)
-    return df, total
+    return df, index.data_rows
 
 
 def _num(x: Any, nd: int = 4) -> Optional[float]:
@@ -126,10 +135,12 @@ def _budgets(df: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def failure_stats(store: RunStore, done: set) -> dict[str, Any]:
-    """Open failures (no data row for the key) by error class, one per key (its latest)."""
+def failure_stats(store: RunStore, done: np.ndarray) -> dict[str, Any]:
+    """Open failures (no data row for the key) by error class, one per key (its latest).
+    done: sorted digests of the keys with a data row."""
     f = store.read_kind("failures", ["key", "error_class", "failed_at"]).to_pandas()
-    f = f[~f["key"].isin(done)].sort_values(["key", "failed_at"], kind="stable")
+    open_rows = ~sorted_contains(done, digests_of(f["key"]))[0]
+    f = f[open_rows].sort_values(["key", "failed_at"], kind="stable")
     f = f.drop_duplicates("key", keep="last")
     by = f["error_class"].fillna("unknown").value_counts()
     return {"open": len(f), "by_error_class": {str(k): int(v) for k, v in by.items()}}
@@ -168,7 +179,7 @@ def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
         "by_category": breakdown(df, df["category"]),
         "by_prompt_bin": breakdown(df, prompt_bin(df["prompt_tokens"]).astype(object),
                                    [label for _, _, label in PROMPT_BINS]),
-        "failures": failure_stats(store, set(df["key"])),
+        "failures": failure_stats(store, np.sort(digests_of(df["key"]))),
         "rejects": reject_stats(store),
         "forecast": fc,
     }
@@ -331,9 +342,11 @@ def write_report(store: RunStore, report: dict[str, Any],
     return [store.loc(name).uri for name in ("report.json", "report.md", "report_lengths.png")]
 
 
-def report_and_write(store: RunStore, caps: Optional[Sequence[int]] = None) -> dict[str, Any]:
-    """Build and write the report (the job calls this at the end of every run)."""
-    df, data_rows = load_latest(store)
+def report_and_write(store: RunStore, caps: Optional[Sequence[int]] = None,
+                     index: Optional[RunIndex] = None) -> dict[str, Any]:
+    """Build and write the report (the job calls this at the end of every run, with the
+    index its progress kept current)."""
+    df, data_rows = load_latest(store, index)
     report = assemble(store, df, data_rows, caps)
     write_report(store, report, df)
     return report

@@ -3,6 +3,8 @@
     <output>/<run>/data/part-*.parquet      completions (every version of a row)
     <output>/<run>/failures/part-*.parquet  rows that failed after retries
     <output>/<run>/rejects/part-*.parquet   invalid input rows, with line and reason
+    <output>/<run>/index/<kind>/part-*.arrow   each part's sidecar: its keys as digests,
+                                            versions, counts (jobs/io/part_summary.py)
     <output>/<run>/progress.json            counts derived from the files above
     <output>/<run>/report.{md,json,png}     end-of-run report
     <output>/<run>/final/                   one row per prompt + manifest (finalize)
@@ -10,8 +12,10 @@
                                             <part>.reason.json saying why
 
 Files are immutable and atomically written; names are hashes of their row keys, so a
-retried write replaces itself instead of duplicating rows. Readers never trust any
-other index: resume, progress and reports all read these files.
+retried write replaces itself instead of duplicating rows. Every reader goes through
+the run index (jobs/io/run_index.py), which reads the small sidecars instead of the
+parts; the parts stay the truth: a sidecar missing (a crash between part and sidecar),
+unreadable or stale is rebuilt from its part, a sidecar without its part is ignored.
 
 A part that cannot be read (garbage, truncated, wrong schema) must not brick the run:
 ``read_part`` moves it to quarantine/ with the reason and reads it as no rows, so every
@@ -33,9 +37,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.config import StorageConfig
+from jobs.io import part_summary
 from jobs.io.schema import KINDS, LATER_COLUMNS
 from jobs.io.storage import (Location, is_local, list_files, locate, put_verified, read_json,
-                          write_json_atomic)
+                             write_bytes_atomic, write_json_atomic)
 
 logger = logging.getLogger("raygen")
 QUARANTINE = "quarantine"
@@ -68,9 +73,10 @@ class RunStore:
         return self.root.join(*parts)
 
     def write_part(self, kind: str, table: pa.Table, row_ids: Iterable[str]) -> str:
-        """Write one immutable part file and read it back; returns its name. The rows
-        count as done only once the stored part's footer and row count check out: a
-        damaged upload is rewritten (same name), and after WRITE_ATTEMPTS it raises."""
+        """Write one immutable part file and read it back, then its sidecar; returns its
+        name. The rows count as done only once the stored part's footer and row count
+        check out: a damaged upload is rewritten (same name), and after WRITE_ATTEMPTS
+        it raises."""
         table = table.select(KINDS[kind].names).cast(KINDS[kind])
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
@@ -81,6 +87,7 @@ class RunStore:
             put_verified(loc, buf.getvalue(), self.storage)
             problem = self.verify_part(loc.path, kind, table.num_rows)
             if not problem:
+                self.write_sidecar(kind, name, table, len(buf.getvalue()))
                 return name
             logger.warning("part %s read back damaged (%s): rewriting it", loc.uri, problem)
         raise DamagedPart(f"part {loc.uri} still damaged after {WRITE_ATTEMPTS} writes: "
@@ -95,6 +102,18 @@ class RunStore:
         except (DamagedPart, *_DAMAGE) as exc:
             return f"{type(exc).__name__}: {exc}"
         return "" if got.num_rows == rows else f"{got.num_rows} rows stored, {rows} written"
+
+    def sidecar_loc(self, kind: str, part_name: str) -> Location:
+        return self.loc(part_summary.INDEX, kind, part_summary.sidecar_name(part_name))
+
+    def write_sidecar(self, kind: str, name: str, table: pa.Table, part_bytes: int) -> None:
+        """The part's sidecar; a failed write only costs a rebuild from the part later."""
+        summary = part_summary.summarize(kind, table, part_bytes)
+        try:
+            write_bytes_atomic(self.sidecar_loc(kind, name), part_summary.encode(summary))
+        except OSError as exc:
+            logger.warning("sidecar of %s/%s not written (%s): the run index rebuilds it "
+                           "from the part", kind, name, exc)
 
     def part_paths(self, kind: str) -> list[str]:
         return [info.path for info in list_files(self.loc(kind), ".parquet")]

@@ -15,8 +15,8 @@ verdict the second time:
   (:func:`admit_batch`) is a stateless filter over it. No actor, nothing counted twice,
   nothing to lose when a worker dies.
 
-Digests are the first 8 bytes of blake2b(key): 16 bytes of table per admitted key. Two
-different keys share a digest with probability ~n^2/2^65 (3e-6 at 10M keys); the later
+Digests are jobs/io/digests.py's (the run index holds the same): 16 bytes of table per
+admitted key. Two different keys share a digest with probability ~n^2/2^65 (3e-6 at 10M keys); the later
 one would then be rejected as a duplicate naming the other's line, never lost silently.
 """
 
@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 import pyarrow as pa
 
+from jobs.io.digests import digests_of, key_digest, sorted_contains
 from jobs.io.schema import REJECTS
 from jobs.io.sources import ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
 from jobs.io.storage import Location
@@ -41,23 +42,6 @@ CHUNK_ROWS = 16384          # rows checked against the seen keys at a time
 REJECT_PART_ROWS = 2000     # rejects per part file the driver writes
 EXAMPLES = 5
 RAW_KEPT = 2000             # characters of a rejected line kept in rejects/
-
-
-def key_digest(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
-
-def digests_of(keys: Iterable[Optional[str]]) -> np.ndarray:
-    """uint64 digests of keys (a None key gets digest 0, which no real key is checked for)."""
-    return np.fromiter((key_digest(k) if k is not None else 0 for k in keys), np.uint64)
-
-
-def sorted_contains(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(found mask, position) of each needle in a sorted array."""
-    if not len(haystack):
-        return np.zeros(len(needles), bool), np.zeros(len(needles), np.int64)
-    pos = np.minimum(np.searchsorted(haystack, needles), len(haystack) - 1)
-    return haystack[pos] == needles, pos
 
 
 @dataclass

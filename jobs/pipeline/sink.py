@@ -1,7 +1,8 @@
 """Write stage output to the run prefix (stage 5 of the job): a Ray Data Datasink.
 
 Each write call gets ~``rows_per_file`` rows, splits them by ``_kind`` and writes one
-immutable, atomically-written Parquet file per kind, named by a hash of its row ids.
+immutable, atomically-written Parquet file per kind, named by a hash of its row ids
+(run_index.row_ids), then the part's sidecar (jobs/io/part_summary.py) for the run index.
 Data first, nothing after: a row is done exactly when its file exists, which is what
 resume and progress read; ``write_part`` reads each part back (footer, row count) before
 the task returns, so a part counts only once it is known whole. A retried write task
@@ -20,17 +21,6 @@ from ray.data.block import Block, BlockAccessor
 from jobs.config import StorageConfig
 
 
-def row_ids(kind: str, table: pa.Table) -> list[str]:
-    if kind == "data":
-        return [f"{k}#{v}" for k, v in zip(table.column("key").to_pylist(),
-                                           table.column("version").to_pylist())]
-    if kind == "failures":
-        return [f"{k}@{t}" for k, t in zip(table.column("key").to_pylist(),
-                                           table.column("failed_at").to_pylist())]
-    return [f"{s}:{n}" for s, n in zip(table.column("source").to_pylist(),
-                                       table.column("line").to_pylist())]
-
-
 class RunSink(Datasink):
     def __init__(self, run_uri: str, storage: StorageConfig, rows_per_file: int):
         self.run_uri, self.storage, self._rows_per_file = run_uri, storage, rows_per_file
@@ -40,7 +30,8 @@ class RunSink(Datasink):
         return self._rows_per_file
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> dict[str, int]:
-        from jobs.io.run_store import RunStore  # imported on the worker
+        from jobs.io.run_index import row_ids  # imported on the worker
+        from jobs.io.run_store import RunStore
         store = RunStore(self.run_uri, self.storage)
         tables = [BlockAccessor.for_block(b).to_arrow() for b in blocks]
         tables = [t for t in tables if t.num_rows]

@@ -9,72 +9,67 @@ touched. Reruns continue only what is still truncated below T (idempotent).
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Optional
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 import ray.data
 
 from jobs.pipeline import chain as pipeline
 from jobs.config import RunConfig
+from jobs.io.digests import sorted_contains
+from jobs.io.run_index import RunIndex, data_row_digests, version_digests
 from jobs.io.run_store import RunStore
 
 logger = logging.getLogger("raygen")
 
 
-def latest_versions(store: RunStore) -> pa.Table:
-    """key, version, finish_reason, completion_tokens of each key's latest version."""
-    t = store.read_kind("data", ["key", "version", "finish_reason", "completion_tokens"])
-    if not t.num_rows:
-        return t
-    t = t.sort_by([("key", "ascending"), ("version", "descending")])
-    keys = t.column("key").to_pylist()
-    first = [i == 0 or keys[i] != keys[i - 1] for i in range(len(keys))]
-    return t.filter(pa.array(first))
+def to_continue(index: RunIndex, total: int,
+                settings_hash: Optional[str] = None) -> np.ndarray:
+    """Sorted row digests (run_index.version_digests) of the latest versions to
+    continue: cut by length below ``total`` tokens. Refuses rows made under other
+    settings (continuing them with this config's sampling/template would splice two
+    outputs)."""
+    latest = index.latest
+    chosen = np.flatnonzero((latest["finish"] == index.code_of_finish("length"))
+                            & (latest["tokens"] < total))
+    if settings_hash is not None and len(chosen):
+        check_settings_of(index.settings_of(chosen), settings_hash)
+    return np.sort(version_digests(latest["digest"][chosen], latest["version"][chosen]))
 
 
-def to_continue(store: RunStore, total: int, settings_hash: Optional[str] = None) -> set[str]:
-    """key#version of every row to continue; refuses rows made under other settings
-    (continuing them with this config's sampling/template would splice two outputs)."""
-    latest = latest_versions(store)
-    if not latest.num_rows:
-        return set()
-    mask = pc.and_(pc.equal(latest.column("finish_reason"), "length"),
-                   pc.less(latest.column("completion_tokens"), total))
-    chosen = latest.filter(mask)
-    wanted = {f"{k}#{v}" for k, v in zip(chosen.column("key").to_pylist(),
-                                         chosen.column("version").to_pylist())}
-    if settings_hash is not None and wanted:
-        check_settings_of(store, wanted, settings_hash)
-    return wanted
-
-
-def check_settings_of(store: RunStore, wanted: set[str], settings_hash: str) -> None:
+def check_settings_of(hashes: list[Optional[str]], settings_hash: str) -> None:
+    """hashes: the settings_hash of each row to continue."""
     from jobs.runs.run import RunError
-    t = store.read_kind("data", ["key", "version", "settings_hash"])
-    other: dict[str, int] = {}
-    for k, v, h in zip(*(c.to_pylist() for c in t.columns)):
-        if f"{k}#{v}" in wanted and h != settings_hash:
-            other[h] = other.get(h, 0) + 1
+    other = collections.Counter(h for h in hashes if h != settings_hash)
     if other:
-        hashes = ", ".join(f"{h} ({n} rows)" for h, n in sorted(other.items()))
+        listed = ", ".join(f"{h} ({n} rows)" for h, n in sorted(other.items(), key=str))
         raise RunError(
             f"{sum(other.values())} truncated rows were generated with other settings "
-            f"({hashes}) than this config ({settings_hash}: model, sampling, chat template, "
+            f"({listed}) than this config ({settings_hash}: model, sampling, chat template, "
             f"reasoning parser, think token, engine args, context policy). Continuing them "
             f"would splice outputs of two settings; continue with the config that made them.")
 
 
-def _select(batch: pa.Table, wanted: set[str]) -> pa.Table:
-    ids = [f"{k}#{v}" for k, v in zip(batch.column("key").to_pylist(),
-                                       batch.column("version").to_pylist())]
-    return batch.filter(pa.array([i in wanted for i in ids]))
+def _select(batch: pa.Table, wanted: np.ndarray) -> pa.Table:
+    return batch.filter(pa.array(sorted_contains(wanted, data_row_digests(batch))[0]))
 
 
-def build(cfg: RunConfig, store: RunStore, wanted: set[str], total: int) -> ray.data.Dataset:
-    ds = ray.data.read_parquet(store.part_paths("data"), filesystem=store.root.fs,
+def parts_to_read(index: RunIndex, wanted: np.ndarray) -> list[str]:
+    """The data parts holding the latest versions to continue (no other part is read)."""
+    latest = index.latest
+    rows = sorted_contains(wanted, version_digests(latest["digest"], latest["version"]))[0]
+    return sorted({index.part_paths[p] for p in np.unique(latest["part"][rows])})
+
+
+def build(cfg: RunConfig, store: RunStore, parts: list[str], wanted: np.ndarray,
+          total: int) -> ray.data.Dataset:
+    """Continue the ``wanted`` rows, read from ``parts`` (parts_to_read)."""
+    # read_parquet needs a file even when nothing is left to continue: _select keeps no row
+    ds = ray.data.read_parquet(parts or store.part_paths("data")[:1], filesystem=store.root.fs,
                                num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS)
     ds = ds.map_batches(_select, batch_format="pyarrow", fn_kwargs={"wanted": wanted},
                         num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS,

@@ -52,7 +52,7 @@ class JobGauges:
                    cfg.serve.autoscaling.min_replicas)
 
     def count(self, events: list[tuple[str, str]]) -> None:
-        """Outcomes read from newly written files (see progress.RunCounts.events)."""
+        """Outcomes read from newly written files (see run_index.RunIndex.events)."""
         for metric, label in events:
             key, counter = self.outcomes[metric]
             counter.inc(1, dict(self.tags, **{key: label}))

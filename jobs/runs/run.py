@@ -6,15 +6,13 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from jobs.config import RunConfig
 from jobs.runs.preflight import RejectTally, plan_text, reject_problem
 from jobs.io.run_store import RunStore
 from jobs.io.storage import Location, locate
 
 if TYPE_CHECKING:
+    from jobs.io.run_index import RunIndex
     from jobs.pipeline.admission import Admission, PriorRun
 
 logger = logging.getLogger("raygen")
@@ -37,30 +35,16 @@ class RunState:
 
     prior: "PriorRun"  # done / open failed keys as digests, known reject ids
     first_budgets: dict[tuple[str, int], int]  # (settings_hash, first budget) -> rows
+    index: Optional["RunIndex"] = None  # what they were read from; progress goes on from it
 
     @classmethod
     def read(cls, store: RunStore) -> "RunState":
+        from jobs.io.run_index import RunIndex
         from jobs.pipeline.admission import PriorRun
-        data = store.read_kind("data", ["key", "settings_hash", "budget_history",
-                                            "prompt_hash"])
-        budgets: dict[tuple[str, int], int] = {}
-        for sh, hist in zip(data.column("settings_hash").to_pylist(),
-                            data.column("budget_history").to_pylist()):
-            budgets[(sh, hist[0])] = budgets.get((sh, hist[0]), 0) + 1
-        rej = store.read_kind("rejects", ["source", "line", "reject_id"])
-        reject_ids = [i or f"{s}:{n}" for i, s, n in zip(*(rej.column(c).to_pylist() for c in (
-            "reject_id", "source", "line")))]
-        failed = store.read_kind("failures", ["key"]).column("key")
-        prior = PriorRun.from_columns(_values(data.column("key")),
-                                      _values(data.column("prompt_hash")),
-                                      _values(failed), reject_ids)
-        return cls(prior=prior, first_budgets=budgets)
-
-
-def _values(column: pa.ChunkedArray):
-    """A column's values one chunk at a time (no list of every key at once)."""
-    for chunk in column.chunks:
-        yield from chunk.to_pylist()
+        index = RunIndex.open(store)
+        prior = PriorRun(done=index.done, done_prompt=index.latest["prompt"],
+                         failed=index.open_failed(), reject_ids=set(index.reject_ids))
+        return cls(prior=prior, first_budgets=dict(index.first_budgets), index=index)
 
 
 def check_settings(state: RunState, settings_hash: str, budget: int, run: str,
@@ -108,11 +92,9 @@ def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
     return None
 
 
-def summary_text(store: RunStore, snap: dict[str, Any]) -> str:
-    from jobs.runs.continuation import latest_versions
-    data = latest_versions(store)  # a continued row counts once, as its latest version
-    reasons = pc.value_counts(data.column("finish_reason")).to_pylist() if data.num_rows else []
-    mix = ", ".join(f"{r['values']}={r['counts']}" for r in reasons) or "none"
+def summary_text(store: RunStore, index: "RunIndex", snap: dict[str, Any]) -> str:
+    # a continued row counts once, as its latest version
+    mix = ", ".join(f"{r}={n}" for r, n in index.finish_counts().items()) or "none"
     return "\n".join([
         f"run {snap['run']}: {snap['status']}",
         f"  output:    {store.uri}/data/",
@@ -127,11 +109,11 @@ def summary_text(store: RunStore, snap: dict[str, Any]) -> str:
     ])
 
 
-def _report(store: RunStore) -> str:
+def _report(store: RunStore, index: "RunIndex") -> str:
     """End-of-run report (report.md/json/png); a report problem never fails the run."""
     from jobs.analysis.report import report_and_write
     try:
-        report_and_write(store)
+        report_and_write(store, index=index)
     except Exception as exc:  # noqa: BLE001
         logger.warning("report failed (the data is intact): %s", exc)
         return ""
@@ -200,13 +182,15 @@ def engine_context_length(handle, cfg: RunConfig) -> int:
 def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
             max_total_tokens: Optional[int], stop_exc: type,
             check_context: bool = False) -> Summary:
+    import time
+
     import ray
 
+    from jobs.io.run_index import describe as describe_index
     from jobs.runs import continuation
 
     from jobs.pipeline import chain as pipeline
     from jobs.pipeline.admission import reject_writer
-    from jobs.io.sources import count_rows
     from serve_apps.app import deploy_or_attach
 
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
@@ -220,11 +204,15 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         return Summary("succeeded", report, describe(report))
     lease = take_lease(store, cfg)  # before the run's state is read or anything written
     try:
+        started = time.monotonic()
         state = RunState.read(store)
+        logger.info("run index read in %.1f s: %s", time.monotonic() - started,
+                    describe_index(state.index))
         if continue_truncated:
-            total = sum(min(count_rows(loc), cfg.job.limit or 1 << 62) for loc in inputs)
+            total = input_total(store, inputs, cfg.job.limit)
             target = continuation.check_total(cfg, max_total_tokens)
-            wanted = continuation.to_continue(store, target, ctx["settings_hash"])
+            wanted = continuation.to_continue(state.index, target, ctx["settings_hash"])
+            parts = continuation.parts_to_read(state.index, wanted)
             logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
         else:
             check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens,
@@ -242,7 +230,7 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
         check_output_reachable(store, cfg)
         deploy_or_attach(cfg.engine, cfg.serve)
         if continue_truncated:
-            build = lambda: continuation.build(cfg, store, wanted, target)  # noqa: E731
+            build = lambda: continuation.build(cfg, store, parts, wanted, target)  # noqa: E731
         else:
             table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
 
@@ -255,7 +243,7 @@ def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
                     write(part)
                 return pipeline.build(cfg, inputs, table, store.uri)
         return _execute(cfg, store, total, stop_exc, build, lease=lease,
-                        expect_all=not continue_truncated)
+                        expect_all=not continue_truncated, index=state.index)
     finally:
         lease.release()
 
@@ -300,6 +288,24 @@ def dry_run(cfg: RunConfig, retry_failed: bool) -> Summary:
         raise RunError(f"{problem}\n{text}")
     return Summary("succeeded", {"total": admission.total, "rejected": admission.rejects,
                                  "to_generate": len(admission.table)}, text)
+
+
+def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -> int:
+    """Rows of the inputs, each capped at job.limit: the count the admission pass
+    recorded in inputs.json while the file keeps its size (no second pass over a large
+    input), else counted now."""
+    from jobs.io.sources import count_rows
+    recorded = {p["uri"]: p for p in (store.read_json("inputs.json") or {}).get("files", [])}
+    cap = limit or 1 << 62
+    total = 0
+    for loc in inputs:
+        seen = recorded.get(loc.uri)
+        if (seen and seen.get("size") == loc.fs.get_file_info(loc.path).size
+                and (seen.get("sha256") or seen["rows"] >= cap)):  # counted whole, or to cap
+            total += min(seen["rows"], cap)
+        else:
+            total += min(count_rows(loc), cap)
+    return total
 
 
 def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,
@@ -361,7 +367,7 @@ def _write_status_now(progress, status: str) -> None:
 
 def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
              build: Callable, lease=None,
-             expect_all: bool = True) -> Summary:
+             expect_all: bool = True, index: Optional["RunIndex"] = None) -> Summary:
     """Stream the dataset into the run, with progress.json around it."""
     import time
 
@@ -370,7 +376,8 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     from jobs.runs.progress import ProgressTracker
 
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
-                               cfg.job.progress_interval_s, JobGauges.for_config(cfg)).start()
+                               cfg.job.progress_interval_s, JobGauges.for_config(cfg),
+                               index=index).start()
     url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
     if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
         logger.info("raygen dashboard for this run: %s", url)
@@ -400,12 +407,12 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     if snap["failed"] and status == "succeeded":
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
                        snap["failed"], store.uri)
-    text = summary_text(store, snap)
+    text = summary_text(store, progress.index, snap)
     if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
         text += "\n  nothing to do: every prompt already has a result"
     if lease is not None and lease.takeover:
         text += f"\n  lease:     {lease.takeover}"
-    text += _report(store)
+    text += _report(store, progress.index)
     if error:
         raise RunError(f"{error}\n{text}")
     return Summary(status, snap, text)

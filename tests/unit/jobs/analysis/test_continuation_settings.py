@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.io.digests import key_digest
+from jobs.io.run_index import RunIndex
 from jobs.runs.continuation import to_continue
 from jobs.pipeline.rows import continued_row
 from jobs.runs.run import RunError
@@ -16,13 +18,13 @@ def test_rows_made_under_other_settings_are_not_continued(store):
                                make_row("c", finish_reason="stop", settings_hash="old")])
     with pytest.raises(RunError, match=r"1 truncated rows were generated with other "
                                        r"settings \(old \(1 rows\)\) than this config \(new"):
-        to_continue(store, 8192, "new")
+        to_continue(RunIndex.open(store), 8192, "new")
 
 
 def test_rows_under_these_settings_are_chosen(store):
     write_rows(store, "data", [make_row("a", finish_reason="length", settings_hash="new"),
                                make_row("b", finish_reason="stop", settings_hash="old")])
-    assert to_continue(store, 8192, "new") == {"a#0"}
+    assert to_continue(RunIndex.open(store), 8192, "new").tolist() == [key_digest("a")]
 
 
 def test_continued_row_records_the_continuation_settings():

@@ -153,5 +153,5 @@ def test_overlapping_updates_count_each_part_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     single = ProgressTracker(store, total=20, run="r", model="m", interval_s=60)
-    single.counts.scan(store)
-    assert gauges.events and sorted(gauges.events) == sorted(single.counts.events)
+    single.index.refresh()
+    assert gauges.events and sorted(gauges.events) == sorted(single.index.events)

@@ -1,0 +1,129 @@
+"""A part's sidecar: what the run index needs from one part, a few bytes per row.
+
+    <run>/index/<kind>/<part name>.arrow
+
+One Arrow IPC file per part, written by RunStore.write_part once the part has read back
+whole (part first: a crash in between leaves a part without a sidecar, which the run
+index rebuilds from the part and writes back; the part is the truth). Columns, one row
+per part row in the part's order:
+
+- data:     digest (uint64 of the key, jobs/io/digests.py), version, created_ms,
+            finish (finish_reason, dictionary), tokens (completion_tokens), prompt
+            (digest of prompt_hash, 0 when none), settings (settings_hash, dictionary)
+- failures: digest
+- rejects:  reject_id (content identity; parts that predate it: source:line)
+
+Schema metadata: the part's size in bytes (a sidecar whose size differs from the listed
+part's describes an earlier upload of that name: stale, rebuilt), the outcome events
+(failures/retries/rejects by class, for the job's counters) and, for data, the rows per
+(settings_hash, first budget), which resume checks against the config.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs.io.digests import digests_of
+from jobs.pipeline.rows import reject_reason_class
+
+FORMAT = "1"
+INDEX = "index"   # <run>/index/<kind>/
+SUFFIX = ".arrow"
+# Part columns a summary is made from (what a rebuild reads).
+SOURCE_COLUMNS = {
+    "data": ["key", "version", "created_at", "finish_reason", "completion_tokens",
+             "prompt_hash", "settings_hash", "budget_history", "retry_classes"],
+    "failures": ["key", "error_class", "retry_classes"],
+    "rejects": ["source", "line", "reject_id", "reason"],
+}
+
+
+class BadSidecar(ValueError):
+    """Sidecar bytes that are not a summary of the part they sit beside."""
+
+
+def sidecar_name(part_name: str) -> str:
+    return part_name.removesuffix(".parquet") + SUFFIX
+
+
+def reject_ids(table: pa.Table) -> list[str]:
+    """Each reject's identity: its reject_id, or source:line for parts older than it."""
+    ids = table.column("reject_id").to_pylist()
+    return [i or f"{s}:{n}" for i, s, n in zip(ids, table.column("source").to_pylist(),
+                                                table.column("line").to_pylist())]
+
+
+def _digests(column: pa.ChunkedArray) -> pa.Array:
+    return pa.array(digests_of(column.to_pylist()), pa.uint64())
+
+
+def _retries(table: pa.Table) -> collections.Counter:
+    return collections.Counter(c for classes in table.column("retry_classes").to_pylist()
+                               for c in classes or ())
+
+
+def summarize(kind: str, table: pa.Table, part_bytes: int) -> pa.Table:
+    """The sidecar of a part holding ``table`` (at least SOURCE_COLUMNS[kind])."""
+    meta: dict[str, Any] = {"events": {}}
+    if kind == "data":
+        budgets = pc.list_element(table.column("budget_history").combine_chunks(), 0) \
+            if table.num_rows else pa.array([], pa.int32())
+        counts = collections.Counter(zip(table.column("settings_hash").to_pylist(),
+                                         budgets.to_pylist()))
+        meta["budgets"] = [[h, b, n] for (h, b), n in sorted(counts.items(), key=str)]
+        meta["events"]["retries"] = _retries(table)
+        cols = {
+            "digest": _digests(table.column("key")),
+            "version": pc.fill_null(table.column("version"), 0).cast(pa.int32()),
+            "created_ms": pc.fill_null(table.column("created_at").cast(pa.int64()), 0),
+            "finish": table.column("finish_reason").dictionary_encode(),
+            "tokens": pc.fill_null(table.column("completion_tokens"), 0).cast(pa.int32()),
+            "prompt": _digests(table.column("prompt_hash")),
+            "settings": table.column("settings_hash").dictionary_encode(),
+        }
+    elif kind == "failures":
+        meta["events"]["failures"] = collections.Counter(
+            (c or "").removeprefix("continuation:") for c in table.column("error_class").to_pylist())
+        meta["events"]["retries"] = _retries(table)
+        cols = {"digest": _digests(table.column("key"))}
+    else:
+        meta["events"]["rejects"] = collections.Counter(
+            reject_reason_class(r or "") for r in table.column("reason").to_pylist())
+        cols = {"reject_id": pa.array(reject_ids(table), pa.string())}
+    summary = pa.table(cols)
+    return summary.replace_schema_metadata({
+        "format": FORMAT, "kind": kind, "part_bytes": str(part_bytes),
+        "summary": json.dumps(meta, sort_keys=True)})
+
+
+def encode(summary: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, summary.schema) as writer:
+        writer.write_table(summary)
+    return sink.getvalue().to_pybytes()
+
+
+def decode(data: bytes, kind: str, part_bytes: int) -> pa.Table:
+    """The summary in ``data``; BadSidecar if it is unreadable, of another kind or format,
+    or describes a part of another size."""
+    try:
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise BadSidecar(f"unreadable: {exc}") from exc
+    meta = table.schema.metadata or {}
+    if meta.get(b"format") != FORMAT.encode() or meta.get(b"kind") != kind.encode():
+        raise BadSidecar(f"not a {kind} sidecar of format {FORMAT}")
+    if meta.get(b"part_bytes") != str(part_bytes).encode():
+        raise BadSidecar(f"describes a part of {meta.get(b'part_bytes', b'?').decode()} "
+                         f"bytes, the part has {part_bytes}")
+    return table
+
+
+def details(summary: pa.Table) -> dict[str, Any]:
+    """The summary's metadata: {"events": {metric: {label: n}}, "budgets": [[h, b, n]]}."""
+    return json.loads(summary.schema.metadata[b"summary"])

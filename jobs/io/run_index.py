@@ -1,0 +1,338 @@
+"""The run index: the one read model of what a run's files hold.
+
+Resume (RunState), progress, continuation, report, forecast, finalize and export all
+ask this module which keys are done, failed (open: failed and not done since) or
+rejected, and which row is each key's latest version. It reads the parts' sidecars
+(jobs/io/part_summary.py) in parallel, not the parts: a few KB per part instead of
+every Parquet footer in turn. A part without a usable sidecar (a crash between part and
+sidecar, an unreadable or stale one, a part written before sidecars existed) is read
+once and its sidecar written back; a damaged part is quarantined by that read (its rows
+are not done); a sidecar whose part is gone is never looked at, since the part listing
+drives everything.
+
+``refresh()`` is incremental: it reads only parts it has not seen, so the progress
+thread's scans and the end of a session cost what was written since the last one.
+
+Memory: one entry per key, in numpy arrays sorted by key digest (8-byte blake2b,
+jobs/io/digests.py): digest, version, created_ms, part, row, finish code, tokens,
+prompt digest, settings code: 43 bytes per key (430 MB at 10M keys), no Python
+string per key; an open merges what it collected every MERGE_ROWS rows, so its
+transient memory stays bounded. Two different keys with the same digest (probability
+~n^2/2^65, 3e-6 at 10M keys) are one key here: the rule below picks one row for both,
+and both count as done (as in admission's PriorRun, which holds the same digests).
+
+The latest version of a key (THE tie-break rule, ``LATEST_ORDER``): the highest
+version; equal versions (which the writer never produces) the later created_at,
+then the part whose path sorts last, then the later row in that part.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from jobs.io import part_summary
+from jobs.io.digests import digests_of, sorted_contains
+from jobs.io.run_store import RunStore
+from jobs.io.schema import KINDS
+from jobs.io.storage import list_files, read_bytes, write_bytes_atomic
+
+logger = logging.getLogger("raygen")
+OPEN_THREADS = 32   # sidecar reads in flight: each S3 GET is ~30 ms of waiting
+LATEST_ORDER = ("version", "created_at")   # then part path, then row: see the docstring
+# Per-key arrays, kept aligned and sorted by digest.
+COLUMNS = {"digest": np.uint64, "version": np.int32, "created_ms": np.int64,
+           "part": np.uint32, "row": np.uint32, "finish": np.uint8, "tokens": np.int32,
+           "prompt": np.uint64, "settings": np.uint16}
+# Rows collected from sidecars before they are merged into the per-key arrays: bounds
+# the open's extra memory (~100 B per collected row) whatever the run's size.
+MERGE_ROWS = 1 << 20
+VERSION_MIX = np.uint64(0x9E3779B97F4A7C15)   # odd: spreads versions over all 64 bits
+
+
+# --- row ids ------------------------------------------------------------------------
+
+def row_ids(kind: str, table: pa.Table) -> list[str]:
+    """The ids a part's name is hashed from: key#version, key@failed_at, source:line."""
+    if kind == "data":
+        return [f"{k}#{v}" for k, v in zip(table.column("key").to_pylist(),
+                                           table.column("version").to_pylist())]
+    if kind == "failures":
+        return [f"{k}@{t}" for k, t in zip(table.column("key").to_pylist(),
+                                           table.column("failed_at").to_pylist())]
+    return [f"{s}:{n}" for s, n in zip(table.column("source").to_pylist(),
+                                       table.column("line").to_pylist())]
+
+
+def version_digests(key_digests: np.ndarray, versions: np.ndarray) -> np.ndarray:
+    """One uint64 per (key, version): a data row's identity as a digest."""
+    return key_digests ^ (versions.astype(np.uint64) * VERSION_MIX)
+
+
+def data_row_digests(table: pa.Table) -> np.ndarray:
+    """version_digests of a table with key and version columns."""
+    return version_digests(digests_of(table.column("key").to_pylist()),
+                           table.column("version").to_numpy(zero_copy_only=False))
+
+
+def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """LATEST_ORDER on a frame of rows (key, version, created_at if present), in part
+    path and row order: one row per key, its latest version."""
+    if not {"key", "version"} <= set(df.columns) or not df["key"].duplicated().any():
+        return df
+    order = ["key"] + [c for c in LATEST_ORDER if c in df.columns]
+    return df.sort_values(order, kind="stable").drop_duplicates("key", keep="last")
+
+
+# --- the index ----------------------------------------------------------------------
+
+def _empty_latest() -> dict[str, np.ndarray]:
+    return {name: np.empty(0, dtype) for name, dtype in COLUMNS.items()}
+
+
+class RunIndex:
+    """What a run holds; ``RunIndex.open(store)`` or ``RunIndex(store).refresh()``."""
+
+    def __init__(self, store: RunStore, threads: int = OPEN_THREADS):
+        self.store, self.threads = store, threads
+        self.latest = _empty_latest()
+        self.failed = np.empty(0, np.uint64)       # every key that failed, sorted
+        self.reject_ids: set[str] = set()
+        self.first_budgets: collections.Counter = collections.Counter()  # (hash, budget)
+        self.part_paths: list[str] = []             # data parts; index = "part" column
+        self.finishes: list[Optional[str]] = []     # finish code -> finish_reason
+        self.settings: list[Optional[str]] = []     # settings code -> settings_hash
+        self.data_rows = 0                           # rows of every version
+        self.seen: set[str] = set()                  # paths of the parts read whole
+        self.bytes_written, self.last_write_ts, self.quarantined = 0, 0.0, 0
+        # (metric, label) of outcomes in parts first seen since the caller last cleared
+        # it: the job's failure/retry/reject counters come from durable rows.
+        self.events: list[tuple[str, str]] = []
+        self.reads: collections.Counter = collections.Counter()  # "sidecar" / "part"
+
+    @classmethod
+    def open(cls, store: RunStore) -> "RunIndex":
+        index = cls(store)
+        index.refresh()
+        return index
+
+    # --- reading ---
+
+    def refresh(self) -> int:
+        """Read the parts not seen yet (in parallel); returns how many there were."""
+        new = [(kind, info) for kind in KINDS
+               for info in sorted(list_files(self.store.loc(kind), ".parquet"),
+                                  key=lambda i: i.path) if info.path not in self.seen]
+        if new:
+            sidecars = {info.path for kind in KINDS for info in list_files(
+                self.store.loc(part_summary.INDEX, kind), part_summary.SUFFIX)}
+            rows: dict[str, list[np.ndarray]] = collections.defaultdict(list)
+            failed: list[np.ndarray] = []
+            collected = 0
+            with ThreadPoolExecutor(max_workers=min(self.threads, len(new))) as pool:
+                # in order, each summary turned into arrays and dropped as it arrives
+                for (kind, info), (summary, source) in zip(new, _in_order(
+                        pool, lambda ki: self._summary(*ki, sidecars), new, 4 * self.threads)):
+                    self.reads[source] += 1
+                    if summary is None:  # quarantined or gone: its rows are not done, and
+                        continue         # a part written again under its name is new
+                    self._note_part(info)
+                    for metric, labels in part_summary.details(summary)["events"].items():
+                        self.events += [(metric, label) for label, n in sorted(labels.items())
+                                        for _ in range(n)]
+                    if kind == "data":
+                        self._add_part(info.path, summary, rows)
+                        collected += summary.num_rows
+                        if collected >= MERGE_ROWS:
+                            self._merge_rows(rows)
+                            collected = 0
+                    elif kind == "failures":
+                        failed.append(summary.column("digest").to_numpy())
+                    else:
+                        self.reject_ids.update(summary.column("reject_id").to_pylist())
+            if failed:
+                self.failed = np.union1d(self.failed, np.concatenate(failed))
+            self._merge_rows(rows)
+        self.quarantined = len(self.store.quarantined())
+        return len(new)
+
+    def _summary(self, kind: str, info, sidecars: set[str]) -> tuple[Optional[pa.Table], str]:
+        """(the part's summary or None when the part is damaged/gone, where it came from)."""
+        name = posixpath.basename(info.path)
+        loc = self.store.sidecar_loc(kind, name)
+        if loc.path in sidecars:
+            data = read_bytes(loc)
+            if data is not None:
+                try:
+                    return part_summary.decode(data, kind, info.size), "sidecar"
+                except part_summary.BadSidecar as exc:
+                    logger.warning("sidecar %s %s: rebuilding it from the part", loc.uri, exc)
+        table = self.store.read_part(info.path, part_summary.SOURCE_COLUMNS[kind])
+        if not table.num_rows:  # quarantined by this read, or by another reader meanwhile
+            return None, "part"
+        summary = part_summary.summarize(kind, table, info.size)
+        try:
+            write_bytes_atomic(loc, part_summary.encode(summary))
+        except OSError as exc:  # a read-only reader still gets its answer
+            logger.warning("cannot write sidecar %s (%s): rebuilt again next time", loc.uri, exc)
+        return summary, "part"
+
+    def _note_part(self, info) -> None:
+        self.seen.add(info.path)
+        self.bytes_written += info.size or 0
+        if info.mtime is not None:
+            self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
+
+    def _codes(self, column: pa.ChunkedArray, vocab: list) -> np.ndarray:
+        """A dictionary column as codes into ``vocab`` (extended with new values)."""
+        arr = column.combine_chunks()
+        values = arr.dictionary.to_pylist() + [None]
+        for v in values:
+            if v not in vocab:
+                vocab.append(v)
+        remap = np.array([vocab.index(v) for v in values], np.uint16)
+        indices = arr.indices.fill_null(len(values) - 1) if arr.null_count else arr.indices
+        return remap[indices.to_numpy()]
+
+    def _merge_rows(self, rows: dict[str, list[np.ndarray]]) -> None:
+        """Merge the collected rows and empty ``rows`` (column by column, so the lists
+        and their concatenation never coexist whole)."""
+        if rows["digest"]:
+            self._merge({name: np.concatenate(rows.pop(name)).astype(dtype, copy=False)
+                         for name, dtype in COLUMNS.items()})
+
+    def _add_part(self, path: str, s: pa.Table, rows: dict[str, list[np.ndarray]]) -> None:
+        """Append a data part's rows to ``rows`` (per-key columns, as COLUMNS)."""
+        pid, n = len(self.part_paths), s.num_rows
+        self.part_paths.append(path)
+        self.data_rows += n
+        for h, b, count in part_summary.details(s)["budgets"]:
+            self.first_budgets[(h, b)] += count
+        for name in ("digest", "version", "created_ms", "tokens", "prompt"):
+            rows[name].append(s.column(name).to_numpy())
+        rows["part"].append(np.full(n, pid, np.uint32))
+        rows["row"].append(np.arange(n, dtype=np.uint32))
+        rows["finish"].append(self._codes(s.column("finish"), self.finishes))
+        rows["settings"].append(self._codes(s.column("settings"), self.settings))
+
+    def _merge(self, new: dict[str, np.ndarray]) -> None:
+        """Fold rows into the per-key arrays, keeping each key's latest (LATEST_ORDER).
+        New rows' part ids follow their paths' order, so within them the lexsort is the
+        rule; against a held row the rare exact tie compares the part paths."""
+        order = np.lexsort((new["row"], new["part"], new["created_ms"], new["version"],
+                            new["digest"]))
+        for k in COLUMNS:  # column by column: one temporary copy at a time
+            new[k] = new[k][order]
+        del order
+        d = new["digest"]
+        last = np.ones(len(d), bool)
+        last[:-1] = d[1:] != d[:-1]
+        for k in COLUMNS:
+            new[k] = new[k][last]
+        old = self.latest
+        found, pos = sorted_contains(old["digest"], new["digest"])
+        if found.any():
+            i_new, i_old = np.flatnonzero(found), pos[found]
+            wins = self._newer(new, i_new, i_old)
+            for k in COLUMNS:
+                old[k][i_old[wins]] = new[k][i_new[wins]]
+        add = ~found
+        at = np.searchsorted(old["digest"], new["digest"][add])
+        for k in COLUMNS:
+            old[k] = np.insert(old[k], at, new[k][add]) if len(old[k]) else new[k][add]
+
+    def _newer(self, new: dict[str, np.ndarray], i_new: np.ndarray,
+               i_old: np.ndarray) -> np.ndarray:
+        old = self.latest
+        nv, ov = new["version"][i_new], old["version"][i_old]
+        nc, oc = new["created_ms"][i_new], old["created_ms"][i_old]
+        wins = (nv > ov) | ((nv == ov) & (nc > oc))
+        for j in np.flatnonzero((nv == ov) & (nc == oc)):
+            a, b = i_new[j], i_old[j]
+            wins[j] = ((self.part_paths[new["part"][a]], new["row"][a])
+                       > (self.part_paths[old["part"][b]], old["row"][b]))
+        return wins
+
+    # --- answers ---
+
+    @property
+    def done(self) -> np.ndarray:
+        """Sorted digests of the keys with a row in data/."""
+        return self.latest["digest"]
+
+    def open_failed(self) -> np.ndarray:
+        """Sorted digests of keys that failed and have no row in data/ since."""
+        return self.failed[~sorted_contains(self.done, self.failed)[0]]
+
+    def code_of_finish(self, reason: str) -> int:
+        return self.finishes.index(reason) if reason in self.finishes else -1
+
+    @property
+    def truncated(self) -> int:
+        return int((self.latest["finish"] == self.code_of_finish("length")).sum())
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.latest["tokens"].sum(dtype=np.int64))
+
+    def finish_counts(self) -> dict[Optional[str], int]:
+        """finish_reason -> keys whose latest version ended so."""
+        counts = np.bincount(self.latest["finish"], minlength=len(self.finishes))
+        return {self.finishes[c]: int(n) for c, n in enumerate(counts) if n}
+
+    def settings_of(self, rows: np.ndarray) -> list[Optional[str]]:
+        return [self.settings[c] for c in self.latest["settings"][rows]]
+
+    def winners_by_part(self) -> dict[str, np.ndarray]:
+        """data part path -> positions of its rows that are a key's latest, ascending,
+        for the parts holding any (in path order)."""
+        part, row = self.latest["part"], self.latest["row"]
+        order = np.lexsort((row, part))
+        part, row = part[order], row[order]
+        cuts = np.flatnonzero(np.diff(part)) + 1
+        groups = {self.part_paths[g[0]]: r for g, r in zip(np.split(part, cuts),
+                                                            np.split(row, cuts)) if len(g)}
+        return dict(sorted(groups.items()))
+
+    def take_events(self) -> list[tuple[str, str]]:
+        events, self.events = self.events, []
+        return events
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-key arrays (the index's size grows with these)."""
+        return int(sum(a.nbytes for a in self.latest.values()) + self.failed.nbytes)
+
+
+def _in_order(pool: ThreadPoolExecutor, fn, items: list, window: int):
+    """fn(item) for each item, run in the pool, yielded in order with at most ``window``
+    in flight: results wait for the consumer in bounded numbers."""
+    pending: collections.deque = collections.deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def read_latest(store: RunStore, index: RunIndex, columns: list[str]) -> Iterable[pa.Table]:
+    """``columns`` of every key's latest row, one table per data part (streaming)."""
+    for path, rows in index.winners_by_part().items():
+        table = store.read_part(path, columns)
+        if table.num_rows:  # quarantined since the index read its sidecar: not done
+            yield table.take(pa.array(rows))
+
+
+def describe(index: RunIndex) -> dict[str, Any]:
+    """The index's counts (for logs and the benchmark)."""
+    return {"keys": len(index.done), "data_rows": index.data_rows,
+            "open_failed": len(index.open_failed()), "rejected": len(index.reject_ids),
+            "parts": len(index.seen), "reads": dict(index.reads), "bytes": index.nbytes}
