@@ -36,5 +36,7 @@ def test_lower_layers_do_not_import_upper_ones(package, forbidden):
 
 def test_the_check_sees_function_level_imports(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from jobs.config import load_config\n    import serve_apps.app\n")
+    source.write_text("def f():\n"
+                      "    from jobs.config import load_config\n"
+                      "    import serve_apps.app\n")
     assert _imported_packages(source) == {"jobs", "serve_apps"}

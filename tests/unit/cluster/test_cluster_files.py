@@ -260,8 +260,8 @@ def test_rayservice_serves_the_qwen_app_the_job_attaches_to():
     ServeDeploySchema.model_validate(
         yaml.safe_load(_yaml(KUBERAY["rayservice"])["spec"]["serveConfigV2"]))
     app = _serve_app()
-    # The real deployment class is serve_apps.engine_deployment:EngineReplica; Serve needs
-    # an application builder around it (to be added as serve_apps.app:build_app_from_env).
+    # The deployment class is serve_apps.engine_deployment:EngineDeployment; Serve builds
+    # the application around it with serve_apps.app:build_app_from_env.
     assert app["import_path"] == "serve_apps.app:build_app_from_env"
     assert app["name"] == _qwen().serve.app_name  # same name: the job attaches, not redeploys
     for path in (app["args"]["config"], app["runtime_env"]["env_vars"]["RAYGEN_CONFIG"]):

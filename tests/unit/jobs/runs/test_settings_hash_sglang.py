@@ -13,7 +13,8 @@ SGLANG = {"kind": "sglang", "model_path": "Qwen/Qwen3-8B", "context_length": 163
 
 
 def _hash(**engine) -> str:
-    return stage_context(parse_config({"engine": {**SGLANG, **engine}, "job": JOB}))["settings_hash"]
+    cfg = parse_config({"engine": {**SGLANG, **engine}, "job": JOB})
+    return stage_context(cfg)["settings_hash"]
 
 
 @pytest.mark.parametrize("change", [
