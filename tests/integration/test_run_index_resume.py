@@ -9,8 +9,7 @@ import posixpath
 import pytest
 
 from jobs.io.run_index import RunIndex
-from tests.integration.conftest import run_config, write_prompts
-from tests.integration.helpers import assert_run_exact, run, store_of
+from tests.integration.helpers import assert_run_exact, run, run_config, store_of, write_prompts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # two sessions: ~27 s on 2 shared cores
 

@@ -16,7 +16,7 @@ from jobs.io.run_index import RunIndex, latest_rows, row_ids
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA, FAILURES, REJECTS
 from jobs.runs.continuation import parts_to_read, to_continue
-from tests.unit.jobs.analysis.conftest import T0, failure_row, make_row
+from tests.support.run_rows import T0, failure_row, make_row
 
 SCHEMAS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 
