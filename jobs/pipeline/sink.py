@@ -21,14 +21,12 @@ from jobs.config import StorageConfig
 
 
 def row_ids(kind: str, table: pa.Table) -> list[str]:
+    """data: key#version; failures: key@failed_at (rejects are written by admission)."""
     if kind == "data":
         return [f"{k}#{v}" for k, v in zip(table.column("key").to_pylist(),
                                            table.column("version").to_pylist())]
-    if kind == "failures":
-        return [f"{k}@{t}" for k, t in zip(table.column("key").to_pylist(),
-                                           table.column("failed_at").to_pylist())]
-    return [f"{s}:{n}" for s, n in zip(table.column("source").to_pylist(),
-                                       table.column("line").to_pylist())]
+    return [f"{k}@{t}" for k, t in zip(table.column("key").to_pylist(),
+                                       table.column("failed_at").to_pylist())]
 
 
 class RunSink(Datasink):
@@ -44,7 +42,7 @@ class RunSink(Datasink):
         store = RunStore(self.run_uri, self.storage)
         tables = [BlockAccessor.for_block(b).to_arrow() for b in blocks]
         tables = [t for t in tables if t.num_rows]
-        written = {"data": 0, "failures": 0, "rejects": 0}
+        written = {"data": 0, "failures": 0}
         if not tables:
             return written
         table = pa.concat_tables(tables)

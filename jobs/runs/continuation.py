@@ -20,6 +20,8 @@ import ray.data
 from jobs.pipeline import chain as pipeline
 from jobs.config import RunConfig
 from jobs.io.run_store import RunStore
+from jobs.pipeline.settings import StageSettings
+from jobs.runs.errors import RunError
 
 logger = logging.getLogger("raygen")
 
@@ -52,7 +54,6 @@ def to_continue(store: RunStore, total: int, settings_hash: Optional[str] = None
 
 
 def check_settings_of(store: RunStore, wanted: set[str], settings_hash: str) -> None:
-    from jobs.runs.run import RunError
     t = store.read_kind("data", ["key", "version", "settings_hash"])
     other: dict[str, int] = {}
     for k, v, h in zip(*(c.to_pylist() for c in t.columns)):
@@ -73,18 +74,18 @@ def _select(batch: pa.Table, wanted: set[str]) -> pa.Table:
     return batch.filter(pa.array([i in wanted for i in ids]))
 
 
-def build(cfg: RunConfig, store: RunStore, wanted: set[str], total: int) -> ray.data.Dataset:
+def build(cfg: RunConfig, store: RunStore, wanted: set[str],
+          stage: StageSettings) -> ray.data.Dataset:
+    """The data/ rows in ``wanted``, continued to ``stage.continue_to`` tokens."""
     ds = ray.data.read_parquet(store.part_paths("data"), filesystem=store.root.fs,
                                num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS)
     ds = ds.map_batches(_select, batch_format="pyarrow", fn_kwargs={"wanted": wanted},
                         num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS,
                         batch_size=cfg.job.batch_size)
-    ctx = dict(pipeline.stage_context(cfg), continue_to=total)
-    return pipeline.generate(ds, cfg, ctx)
+    return pipeline.generate(ds, cfg, stage)
 
 
 def check_total(cfg: RunConfig, total: Optional[int]) -> int:
-    from jobs.runs.run import RunError
     if total is None:
         raise RunError("--continue-truncated needs --max-total-tokens N: the new total output "
                        "budget per row (e.g. 8192)")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -21,7 +22,8 @@ from serve_apps.engine_client import EngineClient
 from serve_apps.engine_process import (EngineProcess, engine_port, ephemeral_range, free_port,
                                        start_engine)
 from serve_apps.engines import launch_command
-from serve_apps.errors import EngineStartError
+from contract.outcomes import EngineStartError, route
+from contract.protocol import GenerateRequest
 from serve_apps.generation import Generator
 
 pytestmark = pytest.mark.integration
@@ -160,7 +162,8 @@ def sim_engine():
     engine.stop()
 
 
-def _generate(engine: EngineProcess, *requests: dict, context_length: int = 8192) -> list:
+def _generate(engine: EngineProcess, *requests: GenerateRequest,
+              context_length: int = 8192) -> list:
     """Run requests through one Generator inside one event loop (as a replica does)."""
     async def go():
         client = EngineClient(engine.base_url, 30)
@@ -174,13 +177,12 @@ def _generate(engine: EngineProcess, *requests: dict, context_length: int = 8192
     return asyncio.run(go())
 
 
-def _request(**kw) -> dict:
-    req = {"key": "k1", "run": "t", "category": "c", "tools": None, "input_ids": None,
-           "messages": [{"role": "user", "content": "Prove that 17 is prime."}],
-           "max_new_tokens": 4096, "sampling": {"temperature": 0.6},
-           "context_policy": "reject"}
-    req.update(kw)
-    return req
+def _request(**kw) -> GenerateRequest:
+    req = GenerateRequest(key="k1", run="t", category="c",
+                          messages=[{"role": "user", "content": "Prove that 17 is prime."}],
+                          max_new_tokens=4096, sampling={"temperature": 0.6},
+                          context_policy="reject")
+    return replace(req, **kw)
 
 
 def test_generation_result_fields(sim_engine):
@@ -197,8 +199,9 @@ def test_generation_result_fields(sim_engine):
 
 def test_context_guard_clamps_or_rejects(sim_engine):
     big = _request(max_new_tokens=8190)
-    rejected, clamped = _generate(sim_engine, big, dict(big, context_policy="clamp"))
-    assert rejected["error_class"] == "context_overflow" and not rejected["retryable"]
+    rejected, clamped = _generate(sim_engine, big, replace(big, context_policy="clamp"))
+    assert rejected["error_class"] == "context_overflow"
+    assert not route(rejected["error_class"]).retryable
     assert "context_length 8192 leaves room for" in rejected["error_message"]
     assert clamped["error_class"] is None
     room = 8192 - clamped["prompt_tokens"] - 4  # SGLang's speculative reserve
@@ -208,7 +211,8 @@ def test_context_guard_clamps_or_rejects(sim_engine):
 
 def test_bad_sampling_key_is_a_non_retryable_row_error(sim_engine):
     (result,) = _generate(sim_engine, _request(sampling={"temprature": 0.6}))
-    assert result["error_class"] == "bad_request" and result["retryable"] is False
+    assert result["error_class"] == "bad_request"
+    assert route(result["error_class"]).retryable is False
     assert "temprature" in result["error_message"]
 
 

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import parse_config
+from jobs.pipeline.settings import RunMode
 from jobs.runs.run import RunError, run_job
 from jobs.io.schema import DATA
 from tests.integration.conftest import BUCKET, run_config, write_prompts
@@ -36,8 +37,7 @@ def test_job_writes_one_row_per_prompt_to_s3(ray_cluster, s3_endpoint, tmp_path)
         str(local), BUCKET, "inputs/e2e.jsonl")
     cfg = parse_config(run_config(tmp_path, s3_endpoint, rows_file=f"s3://{BUCKET}/inputs/e2e.jsonl",
                                   run_name="e2e"))
-    summary = run_job(cfg, retry_failed=False, continue_truncated=False,
-                      max_total_tokens=None, stop_exc=_Never)
+    summary = run_job(cfg, RunMode(), stop_exc=_Never)
     assert summary.status == "succeeded"
 
     df = _read_parquet_prefix(s3_endpoint, "runs/e2e/data/")
@@ -59,8 +59,7 @@ def test_job_writes_one_row_per_prompt_to_s3(ray_cluster, s3_endpoint, tmp_path)
     assert p["output_tokens"] == int(df["completion_tokens"].sum())
 
     # Rerun: resume finds everything durable and sends nothing.
-    again = run_job(cfg, retry_failed=False, continue_truncated=False,
-                    max_total_tokens=None, stop_exc=_Never)
+    again = run_job(cfg, RunMode(), stop_exc=_Never)
     assert again.progress["session_rows"] == 0
     assert len(_read_parquet_prefix(s3_endpoint, "runs/e2e/data/")) == 120
 
@@ -68,7 +67,7 @@ def test_job_writes_one_row_per_prompt_to_s3(ray_cluster, s3_endpoint, tmp_path)
 def test_rerun_with_another_budget_is_refused(ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 20)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), run_name="budget-mix")
-    run_job(parse_config(tree), False, False, None, _Never)
+    run_job(parse_config(tree), RunMode(), _Never)
     tree["job"]["max_new_tokens"] = 8192
     with pytest.raises(RunError, match="--continue-truncated --max-total-tokens 8192"):
-        run_job(parse_config(tree), False, False, None, _Never)
+        run_job(parse_config(tree), RunMode(), _Never)
