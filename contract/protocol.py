@@ -17,6 +17,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 
+def _by_position(obj: Any) -> tuple:
+    """Pickle as (class, field values): no field names on the wire (a slots dataclass
+    would otherwise pickle a {name: value} dict per object, bigger than the old dicts)."""
+    return type(obj), tuple(getattr(obj, name) for name in obj.__slots__)
+
+
 @dataclass(slots=True)
 class GenerateRequest:
     key: str                                # stable row key (results are matched by it)
@@ -29,6 +35,8 @@ class GenerateRequest:
     tools: Optional[list[dict[str, Any]]] = None
     input_ids: Optional[list[int]] = None   # ... or token-exact ids (continuation)
     prompt_len: Optional[int] = None        # with input_ids: how many are the prompt
+
+    __reduce__ = _by_position
 
 
 def _column(arrow_type: str) -> Any:
@@ -60,6 +68,8 @@ class GenerateResult:
     replica: Optional[str] = _column("string")
     error_class: Optional[str] = None  # contract.outcomes routes the row by this name
     error_message: Optional[str] = None
+
+    __reduce__ = _by_position
 
     @classmethod
     def failed(cls, key: str, error_class: str, message: str,
