@@ -34,7 +34,7 @@ DATA = pa.schema([
     ("retry_classes", pa.list_(pa.string())),  # error class of each retried attempt
     ("model", pa.string()),
     ("sampling", pa.string()),           # JSON of the sampling params sent
-    ("settings_hash", pa.string()),      # hash of model + sampling + chat format
+    ("settings_hash", pa.string()),      # hash of every setting that changes an output
     ("created_at", TIMESTAMP),
     ("prompt_hash", pa.string()),        # hash of the canonical prompt (edits under an id)
 ])
