@@ -95,6 +95,7 @@ class _Never(Exception):
 def run_raygen(ctx: Context) -> ModeResult:
     """(a) raygen: jobs.runs.run.run_job with the config (engines already deployed: it attaches)."""
     from jobs.config import parse_config
+    from jobs.pipeline.settings import RunMode
     from jobs.runs.run import run_job
     from jobs.io.run_store import RunStore
     from jobs.io.storage import list_files
@@ -105,8 +106,7 @@ def run_raygen(ctx: Context) -> ModeResult:
     res = ModeResult("raygen", ctx.rows)
     with measured(ctx, res):
         res.started_at = time.time()
-        summary = run_job(cfg, retry_failed=False, continue_truncated=False,
-                          max_total_tokens=None, stop_exc=_Never)
+        summary = run_job(cfg, RunMode(), stop_exc=_Never)
         res.ended_at = time.time()
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     data = store.read_kind("data", ["created_at", "latency_s", "completion_tokens"])
@@ -163,10 +163,10 @@ def run_raydata_llm(ctx: Context) -> ModeResult:
     import pyarrow.parquet as pq
 
     from bench.raydata_llm import build_dataset
-    from jobs.pipeline.chain import stage_context
+    from jobs.pipeline.settings import StageSettings
 
     run_dir = ctx.work_dir / f"raydata-llm-{uuid.uuid4().hex[:8]}"
-    sctx = stage_context(ctx.cfg)
+    stage = StageSettings.of(ctx.cfg)
     # Same rows in flight as the other modes: each actor runs 4 batches at once
     # (Ray Data's default max_concurrency for async batch UDFs).
     batch = max(1, ctx.inflight // (ctx.actors * 4))
@@ -175,7 +175,7 @@ def run_raydata_llm(ctx: Context) -> ModeResult:
     with measured(ctx, res):
         res.started_at = time.time()
         ds = build_dataset(str(ctx.prompts), ctx.cfg.serve.app_name,
-                           ctx.cfg.serve.deployment_name, sctx, batch, ctx.actors)
+                           ctx.cfg.serve.deployment_name, stage, batch, ctx.actors)
         ds.write_parquet(str(run_dir / "data"))
         res.ended_at = time.time()
     table = pq.read_table(run_dir / "data",

@@ -80,24 +80,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from jobs.runs.run import RunError, dry_run, run_job  # heavy imports only after the config
+    from jobs.pipeline.settings import RunMode  # heavy imports only after the config
+    from jobs.runs.run import RunError, dry_run, run_job
+    mode = RunMode.of_flags(args.retry_failed, args.continue_truncated, args.max_total_tokens,
+                            args.pilot)
     if args.dry_run:
         try:
-            summary = dry_run(cfg, retry_failed=args.retry_failed)
+            summary = dry_run(cfg, mode)
         except RunError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         print(summary.text)
         return 0
     signal.signal(signal.SIGTERM, _on_sigterm)  # until Ray starts; jobs/runs/run.py re-installs
-    if args.pilot:
+    if mode.pilot_rows:
         from jobs.runs.pilot import pilot_config
-        cfg = pilot_config(cfg, args.pilot)
+        cfg = pilot_config(cfg, mode.pilot_rows)
     try:
-        summary = run_job(cfg, retry_failed=args.retry_failed,
-                          continue_truncated=args.continue_truncated,
-                          max_total_tokens=args.max_total_tokens, stop_exc=Stopped,
-                          check_context=args.check_context)
+        summary = run_job(cfg, mode, stop_exc=Stopped, check_context=args.check_context)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -27,7 +27,7 @@ from typing import Any, Optional, Union
 
 import aiohttp
 
-from serve_apps.errors import EngineBadRequest, EngineBusy, EngineServerError, EngineUnavailable
+from contract.outcomes import EngineBadRequest, EngineBusy, EngineServerError, EngineUnavailable
 
 
 @dataclass(frozen=True)

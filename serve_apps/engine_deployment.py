@@ -24,13 +24,13 @@ from typing import Any, AsyncIterator, Callable, Optional, Protocol
 from ray import serve
 
 from contract.config import EngineConfig, parse_engine_config
+from contract.outcomes import EngineDead, ReplicaError
+from contract.protocol import GenerateRequest, GenerateResult
 from serve_apps.chat_format import model_template_renderer, render_prompt
 from serve_apps.engine_client import EngineClient, effective_running_cap
 from serve_apps.engine_process import start_engine
 from serve_apps.engines import launch_command
-from serve_apps.errors import EngineDead
 from serve_apps.generation import Generator
-from serve_apps.protocol import error_result
 from serve_apps.replica_metrics import ReplicaMetrics
 
 logger = logging.getLogger("ray.serve")
@@ -128,10 +128,11 @@ class EngineReplica:
                 "server_info": server_info}
 
     async def count_prompt_tokens(self, prompts: list[dict[str, Any]]) -> list[int]:
-        """Prompt tokens of chat prompts (template applied), for the context pre-check."""
-        return [len(await self.generator.prompt_ids(p)) for p in prompts]
+        """Prompt tokens of chat prompts ({messages, tools}, template applied), for the
+        context pre-check."""
+        return [len(await self.generator.chat_ids(p["messages"], p["tools"])) for p in prompts]
 
-    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
         self._ensure_relay()
         self._inflight += 1  # exported by the relay loop: Ray ships gauges every few s anyway
         try:
@@ -139,15 +140,16 @@ class EngineReplica:
         except EngineDead:
             raise  # Serve must replace this replica
         except Exception as exc:  # noqa: BLE001 - a bug on one row must not fail its call
-            logger.exception("replica code raised on row %r", request.get("key"))
-            return error_result(str(request.get("key")), "replica_error",
-                                f"{type(exc).__name__}: {exc}", False, self.replica_id)
+            logger.exception("replica code raised on row %r", request.key)
+            return GenerateResult.failed(request.key, ReplicaError.error_class,
+                                         f"{type(exc).__name__}: {exc}", self.replica_id)
         finally:
             self._inflight -= 1
         self.metrics.record(request, result)
         return result
 
-    async def generate_many(self, requests: list[dict[str, Any]]) -> AsyncIterator[dict]:
+    async def generate_many(self, requests: list[GenerateRequest]
+                            ) -> AsyncIterator[GenerateResult]:
         """Stream results in completion order (callers match them by ``key``)."""
         tasks = [asyncio.ensure_future(self.generate(r)) for r in requests]
         try:

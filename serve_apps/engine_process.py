@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Callable, Optional
 
-from serve_apps.errors import EngineStartError
+from contract.outcomes import EngineStartError
 
 logger = logging.getLogger("raygen.engine")
 

@@ -20,13 +20,13 @@ still enforces a smaller budget than we asked, ``budget_clamped_by="engine"`` re
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from contract import context_budget
+from contract.outcomes import ContextOverflow, EngineAborted, EngineDead, EngineError
+from contract.protocol import GenerateRequest, GenerateResult
 from serve_apps.chat_format import render_prompt, split_reasoning
 from serve_apps.engine_client import EngineClient, EngineOutput
-from serve_apps.errors import ContextOverflow, EngineAborted, EngineDead, EngineError
-from serve_apps.protocol import error_result
 
 # Leave room for at least this many new tokens or reject: a 1-token "completion" is
 # worse than an explicit reject.
@@ -46,11 +46,14 @@ class Generator:
         self._render = render
         self._think_end_ids: Optional[list[int]] = None  # tokenized once, for the fallback
 
-    async def prompt_ids(self, request: dict[str, Any]) -> list[int]:
-        if request.get("input_ids"):
-            return list(request["input_ids"])
-        text = self._render(request["messages"], request.get("tools"))
-        return await self.client.tokenize(text)
+    async def prompt_ids(self, request: GenerateRequest) -> list[int]:
+        if request.input_ids:
+            return list(request.input_ids)
+        return await self.chat_ids(request.messages, request.tools)
+
+    async def chat_ids(self, messages: list[dict], tools: Optional[list[dict]]) -> list[int]:
+        """A chat prompt's ids, template applied."""
+        return await self.client.tokenize(self._render(messages, tools))
 
     def fit_budget(self, prompt_len: int, budget: int, policy: str) -> int:
         room = context_budget.room(self.context_length, prompt_len, self.reserved_tokens)
@@ -65,17 +68,17 @@ class Generator:
             f"{context_budget.SCHEDULER_CLAMP_MARGIN}). Raise engine.context_length, lower "
             f"job.max_new_tokens, or use job.context_policy=clamp.")
 
-    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
-        key = request["key"]
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        key = request.key
         started = time.perf_counter()
         try:
             ids = await self.prompt_ids(request)
-            budget = int(request["max_new_tokens"])
-            effective = self.fit_budget(len(ids), budget, request.get("context_policy", "reject"))
-            sampling = dict(request.get("sampling") or {}, max_new_tokens=effective)
+            budget = int(request.max_new_tokens)
+            effective = self.fit_budget(len(ids), budget, request.context_policy)
+            sampling = dict(request.sampling or {}, max_new_tokens=effective)
             out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}")
             check_finish(out)
-            prompt_len = request.get("prompt_len")
+            prompt_len = request.prompt_len
             if prompt_len is None:
                 prompt_ids, output_ids, text = ids, out.output_ids, out.text
             else:  # continuation: ids = prompt + earlier output; decode the whole output
@@ -86,35 +89,30 @@ class Generator:
         except EngineError as exc:
             if exc.retryable and not self._engine_alive():
                 raise EngineDead(f"engine process exited: {exc}") from exc
-            return error_result(key, exc.error_class, str(exc), exc.retryable, self.replica_id)
-        result = self._result(key, prompt_ids, out, budget, effective,
-                              time.perf_counter() - started, text)
-        result["output_token_ids"] = output_ids
-        return result
+            return GenerateResult.failed(key, exc.error_class, str(exc), self.replica_id)
+        return self._result(key, prompt_ids, output_ids, out, budget, effective,
+                            time.perf_counter() - started, text)
 
-    def _result(self, key: str, ids: list[int], out: EngineOutput, budget: int,
-                effective: int, latency_s: float, text: str) -> dict[str, Any]:
+    def _result(self, key: str, ids: list[int], output_ids: list[int], out: EngineOutput,
+                budget: int, effective: int, latency_s: float, text: str) -> GenerateResult:
         reasoning, answer, finished_thinking = split_reasoning(text, self.think_end)
         clamped_by = "context_guard" if effective < budget else ""
         if out.finish_reason == "length" and out.finish_length and out.finish_length < effective:
             clamped_by = "engine"
         verify = out.spec_verify_ct
-        return {
-            "key": key, "text": text, "reasoning": reasoning, "answer": answer,
-            "finished_thinking": finished_thinking,
-            "prompt_token_ids": ids, "output_token_ids": out.output_ids,
-            "finish_reason": out.finish_reason, "matched_stop": out.matched_stop,
-            "prompt_tokens": len(ids),
-            "completion_tokens": out.completion_tokens,
-            "cached_tokens": out.cached_tokens,
-            "reasoning_tokens": _reasoning_tokens(out, finished_thinking, self._think_end_ids),
-            "spec_verify_ct": verify,
-            "accept_length": (out.completion_tokens / verify) if verify else None,
-            "latency_s": latency_s, "replica": self.replica_id,
-            "max_new_tokens": budget, "effective_max_new_tokens": effective,
-            "budget_clamped_by": clamped_by,
-            "error_class": None, "error_message": None, "retryable": None,
-        }
+        return GenerateResult(
+            key=key, text=text, reasoning=reasoning, answer=answer,
+            finished_thinking=finished_thinking,
+            prompt_token_ids=ids, output_token_ids=output_ids,
+            finish_reason=out.finish_reason, matched_stop=out.matched_stop,
+            prompt_tokens=len(ids), completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            reasoning_tokens=_reasoning_tokens(out, finished_thinking, self._think_end_ids),
+            spec_verify_ct=verify,
+            accept_length=(out.completion_tokens / verify) if verify else None,
+            latency_s=latency_s, replica=self.replica_id,
+            max_new_tokens=budget, effective_max_new_tokens=effective,
+            budget_clamped_by=clamped_by)
 
 
 # SGLang ends a request with stop/matched="NaN happened" when the logits went NaN.

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from ray.serve import metrics
 
+from contract.protocol import GenerateRequest, GenerateResult
 from dashboards import metrics_catalog as mc
 
 logger = logging.getLogger(__name__)
@@ -91,21 +92,21 @@ class ReplicaMetrics:
         self.engine_up = _gauge(mc.ENGINE_UP)
         self.engine = EngineRelay()
 
-    def record(self, request: dict[str, Any], result: dict[str, Any]) -> None:
-        if result.get("error_class"):
+    def record(self, request: GenerateRequest, result: GenerateResult) -> None:
+        if result.error_class:
             return  # failures are counted by the job, which knows about retries
         # The job caps category values (jobs.runs.job_metrics.CategoryCap) before sending.
-        tags = {"model": self.model, "run": request.get("run") or "",
-                "category": request.get("category") or ""}
-        _inc(self.output_tokens, result["completion_tokens"], tags)
-        _inc(self.prompt_tokens, result["prompt_tokens"], tags)
-        self.completions.inc(1, dict(tags, finish_reason=result["finish_reason"]))
+        tags = {"model": self.model, "run": request.run or "",
+                "category": request.category or ""}
+        _inc(self.output_tokens, result.completion_tokens, tags)
+        _inc(self.prompt_tokens, result.prompt_tokens, tags)
+        self.completions.inc(1, dict(tags, finish_reason=result.finish_reason))
         run_tags = {"model": self.model, "run": tags["run"]}
-        self.latency.observe(result["latency_s"], run_tags)
-        if result.get("spec_verify_ct"):
-            _inc(self.spec_output_tokens, result["completion_tokens"], run_tags)
-            self.spec_verify_steps.inc(result["spec_verify_ct"], run_tags)
-            self.accept_length.observe(result["accept_length"], run_tags)
+        self.latency.observe(result.latency_s, run_tags)
+        if result.spec_verify_ct:
+            _inc(self.spec_output_tokens, result.completion_tokens, run_tags)
+            self.spec_verify_steps.inc(result.spec_verify_ct, run_tags)
+            self.accept_length.observe(result.accept_length, run_tags)
 
     def set_inflight(self, n: int) -> None:
         self.inflight.set(n, {"model": self.model})

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from contract.protocol import RESULT_COLUMNS
+
 TOKEN_IDS = pa.list_(pa.int32())
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 
+# Parquet types of the result columns contract.protocol.GenerateResult declares.
+ARROW_TYPES = {"string": pa.string(), "bool": pa.bool_(), "int32": pa.int32(),
+               "int64": pa.int64(), "float64": pa.float64(), "token_ids": TOKEN_IDS}
+
+# The replica's result columns (contract.protocol.RESULT_COLUMNS; README "Output schema"
+# documents each) sit between the row's identity and what the job adds.
 DATA = pa.schema([
     ("key", pa.string()),            # stable row key: input id, else hash of the prompt
     ("id", pa.string()),             # the input id (None when the input had none)
@@ -18,32 +26,15 @@ DATA = pa.schema([
     ("category", pa.string()),
     ("messages", pa.string()),       # the prompt messages, JSON (OpenAI chat format)
     ("tools", pa.string()),          # the tools, JSON, or None
-    ("reasoning", pa.string()),      # text before </think>
-    ("answer", pa.string()),         # text after </think> ("" if cut while thinking)
-    ("finished_thinking", pa.bool_()),
-    ("prompt_token_ids", TOKEN_IDS),
-    ("output_token_ids", TOKEN_IDS),
-    ("finish_reason", pa.string()),  # stop | length | abort
-    ("matched_stop", pa.string()),   # stop string or stop token id, as text
-    ("prompt_tokens", pa.int32()),
-    ("completion_tokens", pa.int32()),   # all output tokens of the row (all versions)
-    ("cached_tokens", pa.int32()),
-    ("reasoning_tokens", pa.int32()),
-    ("max_new_tokens", pa.int32()),      # total budget the row ran under (its last version)
-    ("effective_max_new_tokens", pa.int32()),  # after the context guard
-    ("budget_clamped_by", pa.string()),  # "" | context_guard | engine
+    *((name, ARROW_TYPES[kind]) for name, kind in RESULT_COLUMNS.items()),
     ("budget_history", pa.list_(pa.int32())),  # budgets of every version, oldest first
     ("continuations", pa.int32()),
-    ("spec_verify_ct", pa.int64()),
-    ("accept_length", pa.float64()),     # completion_tokens / spec_verify_ct
     ("repetition_ratio", pa.float64()),  # share of repeated 4-grams in the output ids
-    ("latency_s", pa.float64()),
     ("attempts", pa.int32()),
     ("retry_classes", pa.list_(pa.string())),  # error class of each retried attempt
-    ("replica", pa.string()),
     ("model", pa.string()),
     ("sampling", pa.string()),           # JSON of the sampling params sent
-    ("settings_hash", pa.string()),      # hash of model + sampling + chat format
+    ("settings_hash", pa.string()),      # hash of every setting that changes an output
     ("created_at", TIMESTAMP),
     ("prompt_hash", pa.string()),        # hash of the canonical prompt (edits under an id)
 ])
@@ -70,8 +61,8 @@ KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 # nulls (jobs/io/run_store.py); any other missing column makes the part damaged.
 LATER_COLUMNS = frozenset({"prompt_hash", "reject_id"})
 
-# What flows from the generate stage to the sink: every column of every kind plus the
-# row's destination.
+# What flows from the generate stage to the sink: every column of data/ and failures/
+# plus the row's destination (rejects never reach the stage: admission writes them).
 STAGE_OUTPUT = pa.schema(
     [("_kind", pa.string())]
-    + list({f.name: f for schema in KINDS.values() for f in schema}.values()))
+    + list({f.name: f for schema in (DATA, FAILURES) for f in schema}.values()))

@@ -7,15 +7,13 @@ streaming executor keeps memory flat and back-pressures the read.
 
 from __future__ import annotations
 
-from typing import Any
-
 import ray
 import ray.data
 
 from jobs.config import RunConfig
 from jobs.pipeline.generate_stage import GenerateRows
 from jobs.pipeline.admission import admit_batch
-from jobs.pipeline.rows import output_settings, settings_hash
+from jobs.pipeline.settings import StageSettings
 from jobs.pipeline.sink import RunSink
 from jobs.io.sources import PromptFiles
 from jobs.io.storage import Location
@@ -29,28 +27,8 @@ LIGHT_CPU = 0.1
 LIGHT_TASKS = 2
 
 
-def stage_context(cfg: RunConfig) -> dict[str, Any]:
-    """Everything a generate actor needs, as plain data (shipped to every actor)."""
-    sampling = cfg.job.sampling.to_sglang()
-    import json
-    return {
-        "run": cfg.job.run_name, "model": cfg.engine.model_name,
-        "max_new_tokens": cfg.job.max_new_tokens, "context_policy": cfg.job.context_policy,
-        "sampling": sampling, "sampling_json": json.dumps(sampling, sort_keys=True),
-        "settings_hash": settings_hash(cfg.engine.model_name, sampling,
-                                       output_settings=output_settings(
-                                           cfg.engine, cfg.job.context_policy)),
-        "legacy_settings_hash": settings_hash(cfg.engine.model_name, sampling),
-        "inflight_rows_per_actor": cfg.job.inflight_rows_per_actor,
-        "rows_per_call": cfg.job.rows_per_call,
-        "call_linger_s": cfg.job.call_linger_s,
-        "retries": cfg.job.retries.model_dump(), "breaker": cfg.job.breaker.model_dump(),
-        "metrics_category_limit": cfg.job.metrics_category_limit,
-    }
-
-
 def build(cfg: RunConfig, inputs: list[Location], table: list,
-          run_uri: str) -> ray.data.Dataset:
+          stage: StageSettings) -> ray.data.Dataset:
     """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py)."""
     job = cfg.job
     ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size),
@@ -60,15 +38,15 @@ def build(cfg: RunConfig, inputs: list[Location], table: list,
     ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
                         fn_kwargs={"table": table}, num_cpus=LIGHT_CPU,
                         concurrency=LIGHT_TASKS)
-    return generate(ds, cfg, stage_context(cfg))
+    return generate(ds, cfg, stage)
 
 
-def generate(ds: ray.data.Dataset, cfg: RunConfig, ctx: dict[str, Any]) -> ray.data.Dataset:
+def generate(ds: ray.data.Dataset, cfg: RunConfig, stage: StageSettings) -> ray.data.Dataset:
     """The autoscaled pool of async generate actors (also used by continuation)."""
     job = cfg.job
     return ds.map_batches(
         GenerateRows, batch_format="pyarrow", batch_size=job.batch_size,
-        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name, ctx),
+        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name, stage),
         concurrency=(job.min_actors, job.max_actors),
         max_concurrency=job.max_batches_per_actor, num_cpus=LIGHT_CPU)
 

@@ -1,8 +1,8 @@
 """Which failures to retry, how long to wait, and when to stop the whole job.
 
-Classification is by type: results carry ``error_class``/``retryable`` set by the
-replica; exceptions from the Ray/Serve layer (replica died, restarting, overloaded)
-are transient. An exception raised by the replica's own code (a RayTaskError that is
+Classification is by type: results carry the ``error_class`` the replica set, which
+contract.outcomes routes; exceptions from the Ray/Serve layer (replica died,
+restarting, overloaded) map to its Replica* outcomes and are transient. An exception raised by the replica's own code (a RayTaskError that is
 not Ray reporting a dead actor) is a bug, not an outage: its rows are sent again one
 per call, so a poison prompt fails alone, and then fail without further retries.
 
@@ -11,7 +11,7 @@ unreachable engines after their retries) exceed ``max_failure_fraction`` of the
 window (the fleet is down), or one non-transient error class (a 400 for every row:
 an unknown sampling key, a wrong endpoint; a replica bug) exceeds
 ``max_same_error_fraction`` (the run is misconfigured). A context overflow is the
-row's own fault and never counts.
+row's own fault and never counts. Each outcome class says which count it feeds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from ray.exceptions import (ActorDiedError, ActorUnavailableError, RayActorError
                             RayTaskError)
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from serve_apps.errors import EngineError
+from contract.outcomes import (DeploymentUnavailable, EngineError, ReplicaBackpressure,
+                               ReplicaError, ReplicaUnavailable, route)
+
 
 class CallIncomplete(RuntimeError):
     """A replica's result stream ended without some of its rows (they are sent again)."""
@@ -33,21 +35,6 @@ class CallIncomplete(RuntimeError):
 # Exceptions raised by a handle call when the replica (not the row) is the problem.
 REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError, BackPressureError,
                   DeploymentUnavailableError, RayTaskError, CallIncomplete)
-# Failures that are the row's own fault: never a sign of a broken fleet or config.
-ROW_ERROR_CLASSES = {"context_overflow"}
-# Failures that say nothing about the engines' health (the systematic check sees them).
-NOT_ENGINE_CLASSES = {"context_overflow", "bad_request", "replica_error"}
-
-# What to do when one non-transient class fills the window.
-FIXES = {
-    "bad_request": "the engine refuses the requests themselves: check job.sampling for a key "
-                   "this SGLang rejects (unknown sampling keys are a 400 since 0.5.22) and "
-                   "that engine.model_path/model_name and the engine endpoint are right "
-                   "(a 404 is a wrong path or model)",
-    "replica_error": "replica code raised on these rows (a bug, not an outage): read the "
-                     "traceback in the Serve replica logs (Ray dashboard, Serve tab)",
-}
-
 
 class CircuitOpen(RuntimeError):
     """Too many engine failures in a row window: the fleet is down."""
@@ -73,12 +60,12 @@ def error_text(exc: BaseException) -> str:
 
 def replica_error_class(exc: BaseException) -> str:
     if is_replica_bug(exc):
-        return "replica_error"
+        return ReplicaError.error_class
     if isinstance(getattr(exc, "cause", None), EngineError):
         return exc.cause.error_class  # e.g. engine_dead: retried on the replacement
-    return {BackPressureError: "replica_backpressure",
-            DeploymentUnavailableError: "deployment_unavailable"}.get(type(exc),
-                                                                       "replica_unavailable")
+    return {BackPressureError: ReplicaBackpressure,
+            DeploymentUnavailableError: DeploymentUnavailable}.get(
+                type(exc), ReplicaUnavailable).error_class
 
 
 def backoff_s(attempt: int, initial_s: float, max_s: float) -> float:
@@ -118,7 +105,7 @@ class Breaker:
             return
         top, n = counts.most_common(1)[0]
         if n / len(self.classes) > self.max_same:
-            fix = FIXES.get(top, "read error_message in <run>/failures/")
+            fix = route(top).fix
             raise SystematicErrors(
                 f"{n} of the last {len(self.classes)} rows failed with the same "
                 f"non-transient error {top!r} ({n / len(self.classes):.0%} > "

@@ -24,6 +24,7 @@ import logging
 from collections import deque
 from typing import Any, Optional
 
+from contract.protocol import GenerateRequest, GenerateResult
 from jobs.pipeline.retry import CallIncomplete
 
 logger = logging.getLogger(__name__)
@@ -36,12 +37,12 @@ class RowSender:
         self.rows_per_call = rows_per_call
         self.linger_s = linger_s
         self._free = inflight_rows  # in-flight slots; only the dispatcher takes them
-        self._queue: deque[tuple[dict[str, Any], asyncio.Future, bool]] = deque()
+        self._queue: deque[tuple[GenerateRequest, asyncio.Future, bool]] = deque()
         self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
         self._dispatcher: Optional[asyncio.Task] = None
         self._calls: set[asyncio.Task] = set()  # the loop keeps only weak references
 
-    async def send(self, request: dict[str, Any], alone: bool = False) -> dict[str, Any]:
+    async def send(self, request: GenerateRequest, alone: bool = False) -> GenerateResult:
         """The replica's result for one request; raises what the handle call raised."""
         if self._dispatcher is None or self._dispatcher.done():
             self._start()
@@ -110,11 +111,11 @@ class RowSender:
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
 
-    async def _call(self, chunk: list[tuple[dict[str, Any], asyncio.Future, bool]]) -> None:
-        waiting = {request["key"]: future for request, future, _ in chunk}
+    async def _call(self, chunk: list[tuple[GenerateRequest, asyncio.Future, bool]]) -> None:
+        waiting = {request.key: future for request, future, _ in chunk}
         try:
             async for result in self.stream.generate_many.remote([r for r, _, _ in chunk]):
-                future = waiting.pop(result["key"], None)
+                future = waiting.pop(result.key, None)
                 if future is not None:
                     self._release()
                     if not future.done():

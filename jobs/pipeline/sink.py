@@ -35,7 +35,7 @@ class RunSink(Datasink):
         store = RunStore(self.run_uri, self.storage)
         tables = [BlockAccessor.for_block(b).to_arrow() for b in blocks]
         tables = [t for t in tables if t.num_rows]
-        written = {"data": 0, "failures": 0, "rejects": 0}
+        written = {"data": 0, "failures": 0}
         if not tables:
             return written
         table = pa.concat_tables(tables)

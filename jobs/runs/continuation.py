@@ -23,6 +23,8 @@ from jobs.config import RunConfig
 from jobs.io.digests import sorted_contains
 from jobs.io.run_index import RunIndex, data_row_digests, version_digests
 from jobs.io.run_store import RunStore
+from jobs.pipeline.settings import StageSettings
+from jobs.runs.errors import RunError
 
 logger = logging.getLogger("raygen")
 
@@ -43,7 +45,6 @@ def to_continue(index: RunIndex, total: int,
 
 def check_settings_of(hashes: list[Optional[str]], settings_hash: str) -> None:
     """hashes: the settings_hash of each row to continue."""
-    from jobs.runs.run import RunError
     other = collections.Counter(h for h in hashes if h != settings_hash)
     if other:
         listed = ", ".join(f"{h} ({n} rows)" for h, n in sorted(other.items(), key=str))
@@ -66,20 +67,19 @@ def parts_to_read(index: RunIndex, wanted: np.ndarray) -> list[str]:
 
 
 def build(cfg: RunConfig, store: RunStore, parts: list[str], wanted: np.ndarray,
-          total: int) -> ray.data.Dataset:
-    """Continue the ``wanted`` rows, read from ``parts`` (parts_to_read)."""
+          stage: StageSettings) -> ray.data.Dataset:
+    """Continue the ``wanted`` rows, read from ``parts`` (parts_to_read), to
+    ``stage.continue_to`` tokens."""
     # read_parquet needs a file even when nothing is left to continue: _select keeps no row
     ds = ray.data.read_parquet(parts or store.part_paths("data")[:1], filesystem=store.root.fs,
                                num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS)
     ds = ds.map_batches(_select, batch_format="pyarrow", fn_kwargs={"wanted": wanted},
                         num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS,
                         batch_size=cfg.job.batch_size)
-    ctx = dict(pipeline.stage_context(cfg), continue_to=total)
-    return pipeline.generate(ds, cfg, ctx)
+    return pipeline.generate(ds, cfg, stage)
 
 
 def check_total(cfg: RunConfig, total: Optional[int]) -> int:
-    from jobs.runs.run import RunError
     if total is None:
         raise RunError("--continue-truncated needs --max-total-tokens N: the new total output "
                        "budget per row (e.g. 8192)")

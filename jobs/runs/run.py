@@ -7,19 +7,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from jobs.config import RunConfig
+from jobs.runs.errors import RunError
 from jobs.runs.preflight import RejectTally, plan_text, reject_problem
 from jobs.io.run_store import RunStore
 from jobs.io.storage import Location, locate
 
 if TYPE_CHECKING:
     from jobs.io.run_index import RunIndex
-    from jobs.pipeline.admission import Admission, PriorRun
+    from jobs.pipeline.admission import PriorRun
+    from jobs.pipeline.settings import RunMode
 
 logger = logging.getLogger("raygen")
-
-
-class RunError(RuntimeError):
-    """The run cannot start or had to stop; the message says what to do next."""
 
 
 @dataclass
@@ -45,32 +43,6 @@ class RunState:
         prior = PriorRun(done=index.done, done_prompt=index.latest["prompt"],
                          failed=index.open_failed(), reject_ids=set(index.reject_ids))
         return cls(prior=prior, first_budgets=dict(index.first_budgets), index=index)
-
-
-def check_settings(state: RunState, settings_hash: str, budget: int, run: str,
-                   legacy_hash: Optional[str] = None) -> None:
-    """Refuse to mix budgets or output settings inside one run (the story's bug)."""
-    others = {k: n for k, n in state.first_budgets.items() if k != (settings_hash, budget)}
-    if not others:
-        return
-    (other_hash, other_budget), rows = max(others.items(), key=lambda kv: kv[1])
-    if legacy_hash is not None and other_hash == legacy_hash:
-        # Decided: refuse. The old hash covered model + sampling only, so nothing proves
-        # those rows used this chat template, reasoning parser, think token, engine args
-        # and context policy; mixing them silently is what the hash exists to prevent.
-        raise RunError(
-            f"run {run!r} holds {rows} rows from an older raygen whose settings_hash "
-            f"({other_hash}) covered only model + sampling; this config matches those but "
-            f"the rows do not record their chat template, reasoning parser, think token, "
-            f"engine args or context policy, so resuming could mix outputs. Finish the run "
-            f"with the raygen version that started it, or start a new job.run_name.")
-    raise RunError(
-        f"run {run!r} already holds {rows} rows generated with max_new_tokens="
-        f"{other_budget} (settings {other_hash}); this config asks max_new_tokens={budget} "
-        f"(settings {settings_hash}). Resuming would mix budgets and leave the earlier rows "
-        f"under the old one. To give truncated rows a larger budget run "
-        f"`python -m jobs.generate --config ... --continue-truncated --max-total-tokens "
-        f"{budget}`; for different settings use a new job.run_name.")
 
 
 def input_locations(cfg: RunConfig) -> list[Location]:
@@ -179,105 +151,55 @@ def engine_context_length(handle, cfg: RunConfig) -> int:
     return int(reported or cfg.engine.context_length)
 
 
-def run_job(cfg: RunConfig, retry_failed: bool, continue_truncated: bool,
-            max_total_tokens: Optional[int], stop_exc: type,
+def run_job(cfg: RunConfig, mode: "RunMode", stop_exc: type,
             check_context: bool = False) -> Summary:
+    """One session of the run in ``mode`` (jobs/runs/plans.py says what each mode sends)."""
     import time
 
-    import ray
-
     from jobs.io.run_index import describe as describe_index
-    from jobs.runs import continuation
-
-    from jobs.pipeline import chain as pipeline
-    from jobs.pipeline.admission import reject_writer
+    from jobs.pipeline.settings import StageSettings
+    from jobs.runs import plans
     from serve_apps.app import deploy_or_attach
 
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     inputs = input_locations(cfg)
-    ctx = pipeline.stage_context(cfg)
     if check_context:
         from jobs.runs.context_check import check_context as run_check, describe
         _init_ray(stop_exc)
         handle = deploy_or_attach(cfg.engine, cfg.serve)
         report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
         return Summary("succeeded", report, describe(report))
+    stage = StageSettings.of(cfg, mode)
     lease = take_lease(store, cfg)  # before the run's state is read or anything written
     try:
         started = time.monotonic()
         state = RunState.read(store)
         logger.info("run index read in %.1f s: %s", time.monotonic() - started,
                     describe_index(state.index))
-        if continue_truncated:
-            total = input_total(store, inputs, cfg.job.limit)
-            target = continuation.check_total(cfg, max_total_tokens)
-            wanted = continuation.to_continue(state.index, target, ctx["settings_hash"])
-            parts = continuation.parts_to_read(state.index, wanted)
-            logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
-        else:
-            check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens,
-                           cfg.job.run_name, ctx["legacy_settings_hash"])
-            reject_parts: list[list[dict[str, Any]]] = []
-            tally = RejectTally()
-
-            def collect(part: list[dict[str, Any]]) -> None:
-                tally.add(part)
-                reject_parts.append(part)
-            admission = admit(cfg, store, inputs, state, retry_failed, collect)
-            total = admission.total
-            guard_rejects(cfg, store, admission, tally, reject_parts)
+        plan = plans.plan(cfg, store, inputs, state, mode, stage)
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
         deploy_or_attach(cfg.engine, cfg.serve)
-        if continue_truncated:
-            build = lambda: continuation.build(cfg, store, parts, wanted, target)  # noqa: E731
-        else:
-            table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
-
-            def build():
-                # The new rejects are written once progress has taken its first look, so
-                # the job's reject counter counts them as this session's, as it did when
-                # the stream wrote them.
-                write = reject_writer(store)
-                for part in reject_parts:
-                    write(part)
-                return pipeline.build(cfg, inputs, table, store.uri)
-        return _execute(cfg, store, total, stop_exc, build, lease=lease,
-                        expect_all=not continue_truncated, index=state.index)
+        return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
+                        expect_all=plan.expect_all, index=state.index)
     finally:
         lease.release()
 
 
-def guard_rejects(cfg: RunConfig, store: RunStore, admission: "Admission", tally: RejectTally,
-                  reject_parts: list[list[dict[str, Any]]]) -> None:
-    """Stop before deploying when job.max_reject_fraction is exceeded: the rejects are
-    written first (the operator reads why in rejects/), progress.json says failed."""
-    from jobs.pipeline.admission import reject_writer
-    from jobs.runs.progress import ProgressTracker
-    if tally.total < admission.rejects:  # the rest were written by earlier sessions
-        tally.add_known(store)
-    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally)
-    if problem is None:
-        return
-    write = reject_writer(store)
-    for part in reject_parts:
-        write(part)
-    ProgressTracker(store, admission.total, cfg.job.run_name, cfg.engine.model_name,
-                    cfg.job.progress_interval_s).stop("failed")  # one scan, no thread
-    raise RunError(problem)
-
-
-def dry_run(cfg: RunConfig, retry_failed: bool) -> Summary:
-    """Validate config and input and say what would run: no Ray, no lease, no writes."""
+def dry_run(cfg: RunConfig, mode: "RunMode") -> Summary:
+    """Validate config and input and say what a fresh or retry-failed session would
+    send: no Ray, no lease, no writes."""
     from jobs.pipeline.admission import admit_inputs
-    from jobs.pipeline.chain import stage_context
+    from jobs.pipeline.settings import StageSettings
+    from jobs.runs.plans import check_settings
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     inputs = input_locations(cfg)
     state = RunState.read(store)
-    ctx = stage_context(cfg)
-    check_settings(state, ctx["settings_hash"], cfg.job.max_new_tokens, cfg.job.run_name,
-                   ctx["legacy_settings_hash"])
+    stage = StageSettings.of(cfg, mode)
+    check_settings(state, stage.settings_hash, stage.max_new_tokens, stage.run,
+                   stage.legacy_settings_hash)
     tally = RejectTally()
+    retry_failed = mode.retry_failed
     admission = admit_inputs(inputs, state.prior, retry_failed, tally.add, cfg.job.limit)
     if tally.total < admission.rejects:
         tally.add_known(store)
@@ -288,44 +210,6 @@ def dry_run(cfg: RunConfig, retry_failed: bool) -> Summary:
         raise RunError(f"{problem}\n{text}")
     return Summary("succeeded", {"total": admission.total, "rejected": admission.rejects,
                                  "to_generate": len(admission.table)}, text)
-
-
-def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -> int:
-    """Rows of the inputs, each capped at job.limit: the count the admission pass
-    recorded in inputs.json while the file keeps its size (no second pass over a large
-    input), else counted now."""
-    from jobs.io.sources import count_rows
-    recorded = {p["uri"]: p for p in (store.read_json("inputs.json") or {}).get("files", [])}
-    cap = limit or 1 << 62
-    total = 0
-    for loc in inputs:
-        seen = recorded.get(loc.uri)
-        if (seen and seen.get("size") == loc.fs.get_file_info(loc.path).size
-                and (seen.get("sha256") or seen["rows"] >= cap)):  # counted whole, or to cap
-            total += min(seen["rows"], cap)
-        else:
-            total += min(count_rows(loc), cap)
-    return total
-
-
-def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: RunState,
-          retry_failed: bool, write_rejects: Callable) -> "Admission":
-    """The driver's admission pass (jobs/pipeline/admission.py); records the input fingerprints
-    in <run>/inputs.json and says what changed since the last session."""
-    import time
-
-    from jobs.pipeline.admission import admit_inputs, describe_changes
-    from jobs.io.storage import write_json_atomic
-    started = time.monotonic()
-    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit)
-    for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
-        logger.warning("%s", line)
-    write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
-    logger.info("admission: %d input rows, %d distinct valid keys, %d to generate, %d rejects "
-                "(%d new), table %d bytes, %.1f s", admission.total, admission.valid_keys,
-                len(admission.table), admission.rejects, admission.new_rejects,
-                admission.table.nbytes, time.monotonic() - started)
-    return admission
 
 
 def _classify_failure(exc: BaseException, stop_exc: type) -> tuple[str, Optional[str]]:

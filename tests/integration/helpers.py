@@ -15,6 +15,7 @@ import yaml
 from ray import serve
 
 from jobs.config import StorageConfig, parse_config
+from jobs.pipeline.settings import RunMode
 from jobs.runs.run import Summary, run_job
 from jobs.io.run_store import RunStore
 
@@ -85,11 +86,10 @@ class NeverRaised(Exception):
     pass
 
 
-def run(tree: dict, **kw: Any) -> Summary:
-    kw.setdefault("retry_failed", False)
-    kw.setdefault("continue_truncated", False)
-    kw.setdefault("max_total_tokens", None)
-    return run_job(parse_config(tree), stop_exc=NeverRaised, **kw)
+def run(tree: dict, check_context: bool = False, **flags: Any) -> Summary:
+    """One session; ``flags`` are RunMode.of_flags's (the jobs.generate flags)."""
+    return run_job(parse_config(tree), RunMode.of_flags(**flags), stop_exc=NeverRaised,
+                   check_context=check_context)
 
 
 def store_of(tree: dict) -> RunStore:

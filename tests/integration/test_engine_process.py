@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 
@@ -20,7 +21,8 @@ from serve_apps.engine_client import EngineClient
 from serve_apps.engine_process import (EngineProcess, engine_port, ephemeral_range, free_port,
                                        start_engine)
 from serve_apps.engines import launch_command
-from serve_apps.errors import EngineStartError
+from contract.outcomes import EngineStartError, route
+from contract.protocol import GenerateRequest
 from serve_apps.generation import Generator
 from tests.support.engines import generate_request, group_pids, sim_engine_process
 from tests.support.waiting import wait_until
@@ -138,7 +140,8 @@ def sim_engine():
     engine.stop()
 
 
-def _generate(engine: EngineProcess, *requests: dict, context_length: int = 8192) -> list:
+def _generate(engine: EngineProcess, *requests: GenerateRequest,
+              context_length: int = 8192) -> list:
     """Run requests through one Generator inside one event loop (as a replica does)."""
     async def go():
         client = EngineClient(engine.base_url, 30)
@@ -166,8 +169,9 @@ def test_generation_result_fields(sim_engine):
 
 def test_context_guard_clamps_or_rejects(sim_engine):
     big = generate_request(max_new_tokens=8190)
-    rejected, clamped = _generate(sim_engine, big, dict(big, context_policy="clamp"))
-    assert rejected["error_class"] == "context_overflow" and not rejected["retryable"]
+    rejected, clamped = _generate(sim_engine, big, replace(big, context_policy="clamp"))
+    assert rejected["error_class"] == "context_overflow"
+    assert not route(rejected["error_class"]).retryable
     assert "context_length 8192 leaves room for" in rejected["error_message"]
     assert clamped["error_class"] is None
     room = 8192 - clamped["prompt_tokens"] - 4  # SGLang's speculative reserve
@@ -177,7 +181,8 @@ def test_context_guard_clamps_or_rejects(sim_engine):
 
 def test_bad_sampling_key_is_a_non_retryable_row_error(sim_engine):
     (result,) = _generate(sim_engine, generate_request(sampling={"temprature": 0.6}))
-    assert result["error_class"] == "bad_request" and result["retryable"] is False
+    assert result["error_class"] == "bad_request"
+    assert route(result["error_class"]).retryable is False
     assert "temprature" in result["error_message"]
 
 

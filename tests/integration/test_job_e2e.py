@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import parse_config
+from jobs.pipeline.settings import RunMode
 from jobs.runs.run import RunError, run_job
 from jobs.io.schema import DATA
 from tests.integration.helpers import BUCKET, run_config, write_prompts
@@ -40,8 +41,7 @@ def e2e_run(ray_cluster, s3_endpoint, tmp_path_factory):
         str(local), BUCKET, "inputs/e2e.jsonl")
     tree = run_config(tmp_path, s3_endpoint, rows_file=f"s3://{BUCKET}/inputs/e2e.jsonl",
                       run_name="e2e")
-    summary = run_job(parse_config(tree), retry_failed=False, continue_truncated=False,
-                      max_total_tokens=None, stop_exc=_Never)
+    summary = run_job(parse_config(tree), RunMode(), stop_exc=_Never)
     return tree, summary
 
 
@@ -69,8 +69,7 @@ def test_job_writes_one_row_per_prompt_to_s3(e2e_run, s3_endpoint):
     assert p["output_tokens"] == int(df["completion_tokens"].sum())
 
     # Rerun: resume finds everything durable and sends nothing.
-    again = run_job(cfg, retry_failed=False, continue_truncated=False,
-                    max_total_tokens=None, stop_exc=_Never)
+    again = run_job(cfg, RunMode(), stop_exc=_Never)
     assert again.progress["session_rows"] == 0
     assert len(_read_parquet_prefix(s3_endpoint, "runs/e2e/data/")) == 120
 
@@ -79,4 +78,4 @@ def test_rerun_with_another_budget_is_refused(e2e_run):
     tree = copy.deepcopy(e2e_run[0])
     tree["job"]["max_new_tokens"] = 8192
     with pytest.raises(RunError, match="--continue-truncated --max-total-tokens 8192"):
-        run_job(parse_config(tree), False, False, None, _Never)
+        run_job(parse_config(tree), RunMode(), _Never)

@@ -16,6 +16,8 @@ import time
 import pytest
 from ray import serve
 
+from contract.outcomes import route
+from contract.protocol import GenerateRequest
 from jobs import generate
 from jobs.analysis.status import holder_line
 from tests.integration.helpers import SLOW_APP, SLOW_ENGINE, run_config, write_prompts
@@ -77,22 +79,20 @@ def test_poison_row_fails_alone_on_a_real_replica(ray_cluster, s3_endpoint, tmp_
     deploy(run_config(tmp_path, s3_endpoint, rows_file=str(rows)))
 
     def request(key, budget):
-        return {"key": key, "run": "poison", "category": "c", "tools": None,
-                "messages": [{"role": "user", "content": f"hello {key}"}], "input_ids": None,
-                "prompt_len": None, "max_new_tokens": budget, "sampling": {},
-                "context_policy": "reject"}
+        return GenerateRequest(key=key, run="poison", category="c", max_new_tokens=budget,
+                               sampling={}, messages=[{"role": "user", "content": f"hello {key}"}])
 
     # max_new_tokens=None makes the replica's own code raise (int(None)); before, the
     # whole call failed and its three good rows were retried as "replica_unavailable".
     stream = serve.get_app_handle(APP).options(stream=True)
-    results = {r["key"]: r for r in stream.generate_many.remote(
+    results = {r.key: r for r in stream.generate_many.remote(
         [request("a", 64), request("bad", None), request("b", 64), request("c", 64)])}
     assert set(results) == {"a", "bad", "b", "c"}
-    assert all(results[k]["error_class"] is None and results[k]["output_token_ids"]
+    assert all(results[k].error_class is None and results[k].output_token_ids
                for k in "abc")
     bad = results["bad"]
-    assert bad["error_class"] == "replica_error" and bad["retryable"] is False
-    assert "TypeError" in bad["error_message"]
+    assert bad.error_class == "replica_error" and not route(bad.error_class).retryable
+    assert "TypeError" in bad.error_message
 
 
 def _json(store, name: str) -> dict:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 
 from contract.config import SimulatorEngineConfig
+from contract.protocol import GenerateRequest
 from serve_apps.engine_process import EngineProcess, free_port
 from serve_apps.engines import launch_command
 
@@ -24,11 +26,10 @@ def group_pids(pgid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-def generate_request(**kw) -> dict:
+def generate_request(**kw) -> GenerateRequest:
     """One generate request as the job sends it; override any field by keyword."""
-    req = {"key": "k1", "run": "t", "category": "c", "tools": None, "input_ids": None,
-           "messages": [{"role": "user", "content": "Prove that 17 is prime."}],
-           "max_new_tokens": 4096, "sampling": {"temperature": 0.6},
-           "context_policy": "reject"}
-    req.update(kw)
-    return req
+    req = GenerateRequest(key="k1", run="t", category="c",
+                          messages=[{"role": "user", "content": "Prove that 17 is prime."}],
+                          max_new_tokens=4096, sampling={"temperature": 0.6},
+                          context_policy="reject")
+    return replace(req, **kw)

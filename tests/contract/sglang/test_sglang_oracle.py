@@ -25,7 +25,7 @@ from serve_apps.chat_format import split_reasoning
 from contract.config import SGLangEngineConfig, SpeculativeConfig
 from serve_apps.engines.sglang import build_command
 from serve_apps.engines.simulator.protocol import GenerateRequest, RequestError, check_context
-from serve_apps.errors import ContextOverflow
+from contract.outcomes import ContextOverflow
 from serve_apps.generation import MIN_USEFUL_BUDGET, Generator
 from tests.contract.sglang import sglang_cpu
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from serve_apps.engine_client import EngineClient, parse_meta
-from serve_apps.errors import EngineBusy, EngineBadRequest, EngineServerError, EngineUnavailable
+from contract.outcomes import EngineBusy, EngineBadRequest, EngineServerError, EngineUnavailable
 
 # --- parse_meta -------------------------------------------------------------------------
 

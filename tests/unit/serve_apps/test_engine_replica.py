@@ -14,7 +14,8 @@ import pytest
 from contract.config import SimulatorEngineConfig
 from serve_apps.engine_client import EngineOutput
 from serve_apps.engine_deployment import EngineReplica
-from serve_apps.errors import EngineBadRequest, EngineDead, EngineUnavailable
+from contract.outcomes import EngineBadRequest, EngineDead, EngineUnavailable, route
+from contract.protocol import GenerateRequest
 
 
 class FakeClient:
@@ -76,9 +77,10 @@ def _replica() -> tuple[EngineReplica, FakeBackend]:
     return replica, replica.engine
 
 
-def _request(key: str = "k1") -> dict[str, Any]:
-    return {"key": key, "messages": [{"role": "user", "content": "hi"}],
-            "max_new_tokens": 64, "sampling": {}, "run": "r", "category": "c"}
+def _request(key: str = "k1") -> GenerateRequest:
+    return GenerateRequest(key=key, run="r", category="c",
+                           messages=[{"role": "user", "content": "hi"}], max_new_tokens=64,
+                           sampling={}, context_policy="reject")
 
 
 def test_backend_factory_gets_the_config_and_a_named_engine():
@@ -100,7 +102,7 @@ def test_a_bad_request_comes_back_as_a_row_error():
     replica, backend = _replica()
     backend.client.answer = EngineBadRequest("HTTP 400: unknown sampling key")
     result = asyncio.run(replica.generate(_request()))
-    assert (result["error_class"], result["retryable"]) == ("bad_request", False)
+    assert result["error_class"] == "bad_request" and not route("bad_request").retryable
     assert "unknown sampling key" in result["error_message"]
 
 
@@ -124,7 +126,7 @@ def test_an_unavailable_but_living_engine_is_a_retryable_row_error():
     replica, backend = _replica()
     backend.client.answer = EngineUnavailable("connection reset")
     result = asyncio.run(replica.generate(_request()))
-    assert (result["error_class"], result["retryable"]) == ("engine_unavailable", True)
+    assert result["error_class"] == "engine_unavailable" and route("engine_unavailable").retryable
 
 
 def test_generate_many_streams_every_result():

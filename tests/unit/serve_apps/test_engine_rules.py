@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from serve_apps.app import build_app_from_env
 from contract.config import SGLangEngineConfig, SpeculativeConfig
 from serve_apps.engine_client import EngineOutput
-from serve_apps.errors import EngineAborted
+from contract.outcomes import EngineAborted
 from serve_apps.generation import check_finish
 
 
@@ -65,9 +65,10 @@ def test_engine_silent_clamp_is_recorded():
                     engine_alive=lambda: True)
     out = _out(finish_reason="length", matched_stop=None, finish_length=3000,
                completion_tokens=3000, output_ids=[5] * 3000)
-    result = gen._result("k", [1, 2, 3], out, budget=8192, effective=8192, latency_s=1.0,
-                         text="cut")
-    assert result["budget_clamped_by"] == "engine"
-    fine = gen._result("k", [1, 2, 3], _out(finish_reason="length", finish_length=8192),
-                       budget=8192, effective=8192, latency_s=1.0, text="cut")
-    assert fine["budget_clamped_by"] == ""
+    result = gen._result("k", [1, 2, 3], out.output_ids, out, budget=8192, effective=8192,
+                         latency_s=1.0, text="cut")
+    assert result.budget_clamped_by == "engine"
+    fine_out = _out(finish_reason="length", finish_length=8192)
+    fine = gen._result("k", [1, 2, 3], fine_out.output_ids, fine_out, budget=8192,
+                       effective=8192, latency_s=1.0, text="cut")
+    assert fine.budget_clamped_by == ""

@@ -64,13 +64,13 @@ def test_reasoning_tokens_fall_back_to_the_output_ids_when_the_engine_does_not_c
     gen = _generator()
     gen._think_end_ids = [4]  # what /tokenize gives for "</think>" in the simulator's layout
     out = _out([263, 264, 265, 4, 10, 2])
-    assert gen._result("k", [1], out, 100, 100, 0.1, "a b c</think>\nx")["reasoning_tokens"] == 4
+    assert gen._result("k", [1], out.output_ids, out, 100, 100, 0.1, "a b c</think>\nx")["reasoning_tokens"] == 4
     # SGLang's own count wins when the engine reports it.
     counted = _out([263, 4, 2], reasoning_tokens=2)
-    assert gen._result("k", [1], counted, 100, 100, 0.1, "a</think>x")["reasoning_tokens"] == 2
+    assert gen._result("k", [1], counted.output_ids, counted, 100, 100, 0.1, "a</think>x")["reasoning_tokens"] == 2
     # No think end yet: all of it is reasoning.
     cut = _out([263, 264, 265])
-    assert gen._result("k", [1], cut, 100, 100, 0.1, "a b c")["reasoning_tokens"] == 3
+    assert gen._result("k", [1], cut.output_ids, cut, 100, 100, 0.1, "a b c")["reasoning_tokens"] == 3
 
 
 def test_check_context_counts_against_sglangs_room():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -183,7 +184,7 @@ def test_replica_bug_is_told_from_a_dead_replica():
     assert not is_replica_bug(dead) and replica_error_class(dead) == "replica_unavailable"
     assert not is_replica_bug(ActorDiedError())
     # An engine fault the replica raises on purpose (Serve replaces it): retried as such.
-    from serve_apps.errors import EngineDead
+    from contract.outcomes import EngineDead
     engine_dead = RayTaskError("generate_many", "tb", EngineDead("engine process exited"))
     assert not is_replica_bug(engine_dead)
     assert replica_error_class(engine_dead) == "engine_dead"
@@ -195,7 +196,8 @@ def test_context_overflow_is_a_failure_that_retry_failed_can_resend():
     from jobs.pipeline.rows import failure_row
     row = {"key": "k", "id": "k", "category": "c", "messages": "[]", "tools": None,
            "source": "p.jsonl", "line": 3}
-    out = failure_row(row, "context_overflow", "prompt 9000 + budget 8192 > 16384", False, 1,
-                      {"settings_hash": "h"})
+    stage = SimpleNamespace(settings_hash="h", continue_to=None)
+    out = failure_row(row, "context_overflow", "prompt 9000 + budget 8192 > 16384", 1, stage)
     assert out["_kind"] == "failures" and out["error_class"] == "context_overflow"
+    assert out["retryable"] is False
     assert (out["source"], out["line"]) == ("p.jsonl", 3)

@@ -8,12 +8,16 @@ tests/integration drives the real one.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
+from contract.protocol import GenerateResult
+from jobs.config import BreakerConfig, RetryConfig
 from jobs.pipeline.retry import CallIncomplete
 from jobs.pipeline.row_sender import RowSender
 from tests.support.virtual_time import run_virtual
+from jobs.pipeline.settings import StageSettings
 
 
 class StreamingHandle:
@@ -35,7 +39,7 @@ class StreamingHandle:
         return self
 
     def remote(self, requests):
-        self.calls.append([r["key"] for r in requests])
+        self.calls.append([r.key for r in requests])
         return self._stream(requests)
 
     async def _stream(self, requests):
@@ -47,7 +51,7 @@ class StreamingHandle:
                 if self.fail_after is not None and n == self.fail_after:
                     raise ConnectionError("replica died")
                 result = await done
-                if result["key"] not in self.drop:
+                if result.key not in self.drop:
                     yield result
         finally:
             self.inflight -= len(requests)
@@ -55,12 +59,12 @@ class StreamingHandle:
                 task.cancel()
 
     async def _one(self, request):
-        await asyncio.sleep(self.delay.get(request["key"], 0.01))
-        return {"key": request["key"], "echo": request["n"]}
+        await asyncio.sleep(self.delay.get(request.key, 0.01))
+        return SimpleNamespace(key=request.key, echo=request.n)
 
 
 def requests(n):
-    return [{"key": f"k{i}", "n": i} for i in range(n)]
+    return [SimpleNamespace(key=f"k{i}", n=i) for i in range(n)]
 
 
 def test_rows_ready_together_share_calls_and_each_gets_its_own_result():
@@ -71,7 +75,7 @@ def test_rows_ready_together_share_calls_and_each_gets_its_own_result():
         return await asyncio.gather(*(sender.send(r) for r in requests(40)))
 
     results = run_virtual(main)
-    assert [r["echo"] for r in results] == list(range(40))
+    assert [r.echo for r in results] == list(range(40))
     assert sorted(k for call in handle.calls for k in call) == sorted(f"k{i}" for i in range(40))
     assert max(len(c) for c in handle.calls) == 16 and len(handle.calls) <= 4
 
@@ -111,7 +115,7 @@ def test_a_slow_row_holds_one_slot_not_its_chunk():
 
         async def one(r):
             await sender.send(r)
-            finished[r["key"]] = loop.time() - start
+            finished[r.key] = loop.time() - start
 
         await asyncio.gather(*(one(r) for r in requests(12)))
 
@@ -133,9 +137,9 @@ def test_a_call_that_fails_midway_fails_only_its_unanswered_rows_and_frees_their
         return first, after
 
     first, after = run_virtual(main)
-    assert first[0] == {"key": "k0", "echo": 0}
+    assert first[0] == SimpleNamespace(key="k0", echo=0)
     assert all(isinstance(e, ConnectionError) for e in first[1:])
-    assert [r["key"] for r in after] == ["k0", "k1", "k2"]
+    assert [r.key for r in after] == ["k0", "k1", "k2"]
 
 
 def test_a_stream_that_ends_without_a_row_raises_call_incomplete_for_it():
@@ -147,7 +151,7 @@ def test_a_stream_that_ends_without_a_row_raises_call_incomplete_for_it():
                                     return_exceptions=True)
 
     out = run_virtual(main)
-    assert out[0]["key"] == "k0" and out[2]["key"] == "k2"
+    assert out[0].key == "k0" and out[2].key == "k2"
     assert isinstance(out[1], CallIncomplete)
 
 
@@ -194,7 +198,7 @@ def test_a_failed_dispatcher_fails_its_rows_and_the_next_send_restarts_it():
         return await sender.send(requests(2)[1]), sender._free
 
     result, free = run_virtual(main)
-    assert result == {"key": "k1", "echo": 1}
+    assert result == SimpleNamespace(key="k1", echo=1)
     assert free == 2  # the failed row's slot came back
 
 
@@ -204,28 +208,31 @@ class PoisonHandle(StreamingHandle):
     """Replica code raises (RayTaskError, as Serve reports it) on any call holding "bad"."""
 
     def remote(self, requests):
-        self.calls.append([r["key"] for r in requests])
+        self.calls.append([r.key for r in requests])
         return self._poisoned(requests)
 
     async def _poisoned(self, requests):
         from ray.exceptions import RayTaskError
-        from serve_apps.protocol import RESULT_KEYS
         await asyncio.sleep(0.01)
-        if any(r["key"] == "bad" for r in requests):
+        if any(r.key == "bad" for r in requests):
             raise RayTaskError("generate_many", "Traceback ...", KeyError("max_new_tokens"))
         for r in requests:
-            yield dict({k: None for k in RESULT_KEYS}, key=r["key"], output_token_ids=[1, 2],
-                       max_new_tokens=16, finish_reason="stop")
+            yield GenerateResult(key=r.key, output_token_ids=[1, 2], max_new_tokens=16,
+                                 finish_reason="stop")
 
 
 def _generate_rows(handle):
     from jobs.pipeline.generate_stage import GenerateRows
     rows = GenerateRows.__new__(GenerateRows)  # its __init__ looks up a real Serve handle
     rows.category_label = str
-    rows.ctx = {"run": "r", "max_new_tokens": 16, "sampling": {}, "context_policy": "reject",
-                "model": "m", "sampling_json": "{}", "settings_hash": "h"}
+    rows.stage = StageSettings(
+        run="r", model="m", max_new_tokens=16, context_policy="reject", sampling={},
+        sampling_json="{}", settings_hash="h", legacy_settings_hash="h0",
+        inflight_rows_per_actor=8, rows_per_call=8, call_linger_s=0.05,
+        retries=RetryConfig(max_attempts=3, backoff_initial_s=0.0, backoff_max_s=0.0),
+        breaker=BreakerConfig(), metrics_category_limit=10)
     rows.sender = RowSender(handle, inflight_rows=8, rows_per_call=8, linger_s=0.05)
-    rows.retries = {"max_attempts": 3, "backoff_initial_s": 0.0, "backoff_max_s": 0.0}
+    rows.retries = rows.stage.retries
     from jobs.pipeline.retry import Breaker
     rows.breaker = Breaker(window_rows=10, min_rows=10, max_failure_fraction=0.5)
     return rows

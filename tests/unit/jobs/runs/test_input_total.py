@@ -1,4 +1,4 @@
-"""jobs.runs.run.input_total: the input's row count is taken once (admission records it
+"""jobs.runs.plans.input_total: the input's row count is taken once (admission records it
 in inputs.json) and reused while the file keeps its size."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from jobs.config import StorageConfig
 from jobs.io import sources
 from jobs.io.run_store import RunStore
 from jobs.io.storage import locate, write_json_atomic
-from jobs.runs.run import input_total
+from jobs.runs.plans import input_total
 
 
 @pytest.fixture

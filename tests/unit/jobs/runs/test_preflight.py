@@ -15,6 +15,7 @@ from jobs import cli, generate
 from jobs.pipeline.admission import Admission, AdmissionTable
 from jobs.config import parse_config
 from jobs.runs.preflight import RejectTally, reason_kind, reject_problem
+from jobs.pipeline.settings import RunMode
 from jobs.runs.run import RunError, run_job
 
 BAD = ['{"id": "b1", "messages": [', '{"id": "b2", "messages": []}', "not json at all",
@@ -94,7 +95,7 @@ def test_a_mostly_bad_input_stops_before_ray_with_its_rejects_written(tmp_path, 
     monkeypatch.setattr(jobs.runs.run, "_init_ray", deployed)
     cfg = parse_config(tree_for(tmp_path, 3, BAD))
     with pytest.raises(RunError) as info:
-        run_job(cfg, False, False, None, KeyboardInterrupt)
+        run_job(cfg, RunMode(), KeyboardInterrupt)
     message = str(info.value)
     assert message.startswith("5 of 8 input rows (62.5%) were rejected, more than "
                               "job.max_reject_fraction=0.05")
@@ -172,7 +173,7 @@ def test_after_the_guard_stopped_a_run_the_dry_run_names_the_written_rejects(tmp
     monkeypatch.setattr(jobs.runs.run, "_init_ray", lambda *_: pytest.fail("Ray was started"))
     tree = tree_for(tmp_path, 3, BAD)
     with pytest.raises(RunError) as first:
-        run_job(parse_config(tree), False, False, None, KeyboardInterrupt)
+        run_job(parse_config(tree), RunMode(), KeyboardInterrupt)
     rc, _, err = _cli(tmp_path, tree, capsys)
     assert rc == 1
     assert "rejects:   5 (0 not yet in rejects/): 3 x not valid JSON" in err

@@ -7,8 +7,9 @@ import pytest
 
 from jobs.pipeline.admission import PriorRun
 from jobs.config import parse_config
-from jobs.pipeline.chain import stage_context
-from jobs.runs.run import RunError, RunState, check_settings, local_output_problem, verdict
+from jobs.pipeline.settings import StageSettings
+from jobs.runs.plans import check_settings
+from jobs.runs.run import RunError, RunState, local_output_problem, verdict
 
 BASE = {"engine": {"kind": "simulator", "model_path": "sim-m", "context_length": 16384},
         "job": {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r",
@@ -19,7 +20,7 @@ def _hash(**engine_or_job) -> str:
     tree = {"engine": dict(BASE["engine"]), "job": dict(BASE["job"])}
     for section, values in engine_or_job.items():
         tree[section].update(values)
-    return stage_context(parse_config(tree))["settings_hash"]
+    return StageSettings.of(parse_config(tree)).settings_hash
 
 
 @pytest.mark.parametrize("change", [
@@ -40,13 +41,13 @@ def test_settings_hash_ignores_throughput_settings():
 
 
 def test_rows_of_the_older_hash_are_refused_with_a_clear_message():
-    ctx = stage_context(parse_config(BASE))
+    stage = StageSettings.of(parse_config(BASE))
     empty = PriorRun.of({}, [], [])
-    state = RunState(prior=empty, first_budgets={(ctx["legacy_settings_hash"], 4096): 12})
+    state = RunState(prior=empty, first_budgets={(stage.legacy_settings_hash, 4096): 12})
     with pytest.raises(RunError, match="older raygen.*12 rows|12 rows from an older raygen"):
-        check_settings(state, ctx["settings_hash"], 4096, "r", ctx["legacy_settings_hash"])
-    check_settings(RunState(empty, {(ctx["settings_hash"], 4096): 3}),
-                   ctx["settings_hash"], 4096, "r", ctx["legacy_settings_hash"])  # same: ok
+        check_settings(state, stage.settings_hash, 4096, "r", stage.legacy_settings_hash)
+    check_settings(RunState(empty, {(stage.settings_hash, 4096): 3}),
+                   stage.settings_hash, 4096, "r", stage.legacy_settings_hash)  # same: ok
 
 
 def test_verdict_needs_every_prompt_answered_and_something_generated():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.config import parse_config
-from jobs.pipeline.chain import stage_context
+from jobs.pipeline.settings import StageSettings
 
 JOB = {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r", "max_new_tokens": 4096}
 SGLANG = {"kind": "sglang", "model_path": "Qwen/Qwen3-8B", "context_length": 16384}
@@ -14,7 +14,7 @@ SGLANG = {"kind": "sglang", "model_path": "Qwen/Qwen3-8B", "context_length": 163
 
 def _hash(**engine) -> str:
     cfg = parse_config({"engine": {**SGLANG, **engine}, "job": JOB})
-    return stage_context(cfg)["settings_hash"]
+    return StageSettings.of(cfg).settings_hash
 
 
 @pytest.mark.parametrize("change", [

@@ -1,0 +1,108 @@
+"""What every generate actor is told: the run's mode and its frozen stage settings.
+
+Both are built once by the driver (the mode from the CLI flags, the settings from the
+config and the mode) and shipped to every actor; nothing downstream re-derives them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from jobs.config import BreakerConfig, RetryConfig, RunConfig
+
+
+def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chatml-think",
+                  output_settings: Optional[dict[str, Any]] = None) -> str:
+    """Hash of everything that changes an output (see output_settings); rows with
+    different hashes must never mix in one run. Without ``output_settings`` this is
+    the older formula (model + sampling + chat format), kept to recognise old runs."""
+    fields: dict[str, Any] = {"model": model, "sampling": sampling, "chat": chat_format}
+    if output_settings is not None:
+        fields["output"] = output_settings
+    blob = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def output_settings(engine: Any, context_policy: str) -> dict[str, Any]:
+    """The settings besides sampling that change what a prompt's row holds: which model
+    and name, how the prompt is rendered, how the output is split into reasoning and
+    answer, the engine's own arguments, and what happens when the context is short.
+    Not included: throughput settings (replicas, batch sizes, memory, speculative
+    decoding, which verifies drafts against the model) and timeouts."""
+    return {"kind": engine.kind, "model_path": engine.model_path,
+            "served_model_name": engine.model_name, "chat_template": engine.chat_template,
+            "reasoning_parser": engine.reasoning_parser,
+            "think_end_token": engine.think_end_token,
+            "extra_args": dict(sorted((engine.extra_args or {}).items())),
+            "context_policy": context_policy}
+
+
+FRESH, RETRY_FAILED, CONTINUE, PILOT = "fresh", "retry-failed", "continue", "pilot"
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """Which rows a session sends: chosen once, from the CLI flags (:meth:`of_flags`)."""
+
+    kind: str = FRESH                  # fresh | retry-failed | continue | pilot
+    retry_failed: bool = False         # also send the keys in failures/ (not for continue)
+    continue_to: Optional[int] = None  # continue: the new total output budget per row
+    pilot_rows: Optional[int] = None   # pilot: ~N prompts stratified by category
+
+    @classmethod
+    def of_flags(cls, retry_failed: bool = False, continue_truncated: bool = False,
+                 max_total_tokens: Optional[int] = None,
+                 pilot: Optional[int] = None) -> "RunMode":
+        """The jobs.generate flags as one mode. A pilot is its own run (``<run>-pilot``)
+        and may retry its failures; --continue-truncated wants --max-total-tokens,
+        which its plan checks (jobs/runs/plans.py)."""
+        if continue_truncated:
+            return cls(CONTINUE, continue_to=max_total_tokens, pilot_rows=pilot)
+        if pilot:
+            return cls(PILOT, retry_failed=retry_failed, pilot_rows=pilot)
+        return cls(RETRY_FAILED if retry_failed else FRESH, retry_failed=retry_failed)
+
+    @property
+    def continues(self) -> bool:
+        return self.kind == CONTINUE
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """Everything a generate actor needs, as plain data."""
+
+    run: str
+    model: str
+    max_new_tokens: int
+    context_policy: str
+    sampling: dict[str, Any]
+    sampling_json: str          # as stored in data/
+    settings_hash: str          # of everything that changes an output (rows.output_settings)
+    legacy_settings_hash: str   # the older formula, to recognise old runs
+    inflight_rows_per_actor: int
+    rows_per_call: int
+    call_linger_s: float
+    retries: RetryConfig
+    breaker: BreakerConfig
+    metrics_category_limit: int
+    continue_to: Optional[int] = None  # a continue run: rows are data/ rows to extend
+
+    @classmethod
+    def of(cls, cfg: RunConfig, mode: RunMode = RunMode()) -> "StageSettings":
+        job, sampling = cfg.job, cfg.job.sampling.to_sglang()
+        return cls(
+            run=job.run_name, model=cfg.engine.model_name, max_new_tokens=job.max_new_tokens,
+            context_policy=job.context_policy, sampling=sampling,
+            sampling_json=json.dumps(sampling, sort_keys=True),
+            settings_hash=settings_hash(cfg.engine.model_name, sampling,
+                                        output_settings=output_settings(
+                                            cfg.engine, job.context_policy)),
+            legacy_settings_hash=settings_hash(cfg.engine.model_name, sampling),
+            inflight_rows_per_actor=job.inflight_rows_per_actor,
+            rows_per_call=job.rows_per_call, call_linger_s=job.call_linger_s,
+            retries=job.retries, breaker=job.breaker,
+            metrics_category_limit=job.metrics_category_limit,
+            continue_to=mode.continue_to if mode.continues else None)

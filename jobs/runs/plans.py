@@ -1,0 +1,171 @@
+"""One small plan per run mode: which rows a session sends, and how many it answers for.
+
+Each plan runs on the driver before any engine is deployed (so a refusal costs no GPU
+time) and returns a :class:`Plan`: the row total progress counts against, whether
+every one of them must end with a result, and the dataset to stream (built once Ray
+is up). The mode itself is chosen once, from the CLI flags (``RunMode.of_flags``).
+
+- fresh / retry-failed / pilot: the admission pass (jobs/pipeline/admission.py) over
+  the inputs (a pilot's config already points at its sample, jobs/runs/pilot.py);
+  new rejects are written, the reject guard may stop the run.
+- continue: the truncated rows of data/ (jobs/runs/continuation.py), token-exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import ray.data
+
+from jobs.config import RunConfig
+from jobs.io.run_store import RunStore
+from jobs.io.storage import Location
+from jobs.pipeline.settings import RunMode, StageSettings
+from jobs.runs.errors import RunError
+from jobs.runs.preflight import RejectTally, reject_problem
+
+if TYPE_CHECKING:
+    from jobs.pipeline.admission import Admission
+    from jobs.runs.run import RunState
+
+logger = logging.getLogger("raygen")
+
+
+@dataclass(frozen=True)
+class Plan:
+    total: int                                # input rows progress counts against
+    expect_all: bool                          # every admitted row must end with a result
+    build: Callable[[], ray.data.Dataset]     # called once Ray is up and engines deployed
+
+
+def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
+         mode: RunMode, stage: StageSettings) -> Plan:
+    if mode.continues:
+        return continue_plan(cfg, store, inputs, state, mode, stage)
+    return admission_plan(cfg, store, inputs, state, mode, stage)
+
+
+def continue_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
+                  mode: RunMode, stage: StageSettings) -> Plan:
+    from jobs.runs import continuation
+    total = input_total(store, inputs, cfg.job.limit)
+    target = continuation.check_total(cfg, mode.continue_to)
+    wanted = continuation.to_continue(state.index, target, stage.settings_hash)
+    parts = continuation.parts_to_read(state.index, wanted)
+    logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
+    return Plan(total, expect_all=False,
+                build=lambda: continuation.build(cfg, store, parts, wanted, stage))
+
+
+def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -> int:
+    """Rows of the inputs, each capped at job.limit: the count the admission pass
+    recorded in inputs.json while the file keeps its size (no second pass over a large
+    input), else counted now."""
+    from jobs.io.sources import count_rows
+    recorded = {p["uri"]: p for p in (store.read_json("inputs.json") or {}).get("files", [])}
+    cap = limit or 1 << 62
+    total = 0
+    for loc in inputs:
+        seen = recorded.get(loc.uri)
+        if (seen and seen.get("size") == loc.fs.get_file_info(loc.path).size
+                and (seen.get("sha256") or seen["rows"] >= cap)):  # counted whole, or to cap
+            total += min(seen["rows"], cap)
+        else:
+            total += min(count_rows(loc), cap)
+    return total
+
+
+def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
+                   mode: RunMode, stage: StageSettings) -> Plan:
+    import ray
+
+    from jobs.pipeline import chain as pipeline
+    from jobs.pipeline.admission import reject_writer
+    check_settings(state, stage.settings_hash, stage.max_new_tokens, stage.run,
+                   stage.legacy_settings_hash)
+    reject_parts: list[list[dict[str, Any]]] = []
+    tally = RejectTally()
+
+    def collect(part: list[dict[str, Any]]) -> None:
+        tally.add(part)
+        reject_parts.append(part)
+    admission = admit(cfg, store, inputs, state, mode.retry_failed, collect)
+    guard_rejects(cfg, store, admission, tally, reject_parts)
+
+    def build() -> ray.data.Dataset:
+        # The new rejects are written once progress has taken its first look, so the
+        # job's reject counter counts them as this session's, as it did when the stream
+        # wrote them.
+        write = reject_writer(store)
+        for part in reject_parts:
+            write(part)
+        table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
+        return pipeline.build(cfg, inputs, table, stage)
+    return Plan(admission.total, expect_all=True, build=build)
+
+
+def check_settings(state: "RunState", settings_hash: str, budget: int, run: str,
+                   legacy_hash: Optional[str] = None) -> None:
+    """Refuse to mix budgets or output settings inside one run (the story's bug)."""
+    others = {k: n for k, n in state.first_budgets.items() if k != (settings_hash, budget)}
+    if not others:
+        return
+    (other_hash, other_budget), rows = max(others.items(), key=lambda kv: kv[1])
+    if legacy_hash is not None and other_hash == legacy_hash:
+        # Decided: refuse. The old hash covered model + sampling only, so nothing proves
+        # those rows used this chat template, reasoning parser, think token, engine args
+        # and context policy; mixing them silently is what the hash exists to prevent.
+        raise RunError(
+            f"run {run!r} holds {rows} rows from an older raygen whose settings_hash "
+            f"({other_hash}) covered only model + sampling; this config matches those but "
+            f"the rows do not record their chat template, reasoning parser, think token, "
+            f"engine args or context policy, so resuming could mix outputs. Finish the run "
+            f"with the raygen version that started it, or start a new job.run_name.")
+    raise RunError(
+        f"run {run!r} already holds {rows} rows generated with max_new_tokens="
+        f"{other_budget} (settings {other_hash}); this config asks max_new_tokens={budget} "
+        f"(settings {settings_hash}). Resuming would mix budgets and leave the earlier rows "
+        f"under the old one. To give truncated rows a larger budget run "
+        f"`python -m jobs.generate --config ... --continue-truncated --max-total-tokens "
+        f"{budget}`; for different settings use a new job.run_name.")
+
+
+def guard_rejects(cfg: RunConfig, store: RunStore, admission: "Admission", tally: RejectTally,
+                  reject_parts: list[list[dict[str, Any]]]) -> None:
+    """Stop before deploying when job.max_reject_fraction is exceeded: the rejects are
+    written first (the operator reads why in rejects/), progress.json says failed."""
+    from jobs.pipeline.admission import reject_writer
+    from jobs.runs.progress import ProgressTracker
+    if tally.total < admission.rejects:  # the rest were written by earlier sessions
+        tally.add_known(store)
+    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally)
+    if problem is None:
+        return
+    write = reject_writer(store)
+    for part in reject_parts:
+        write(part)
+    ProgressTracker(store, admission.total, cfg.job.run_name, cfg.engine.model_name,
+                    cfg.job.progress_interval_s).stop("failed")  # one scan, no thread
+    raise RunError(problem)
+
+
+def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
+          retry_failed: bool, write_rejects: Callable) -> "Admission":
+    """The driver's admission pass (jobs/pipeline/admission.py); records the input fingerprints
+    in <run>/inputs.json and says what changed since the last session."""
+    import time
+
+    from jobs.pipeline.admission import admit_inputs, describe_changes
+    from jobs.io.storage import write_json_atomic
+    started = time.monotonic()
+    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit)
+    for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
+        logger.warning("%s", line)
+    write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
+    logger.info("admission: %d input rows, %d distinct valid keys, %d to generate, %d rejects "
+                "(%d new), table %d bytes, %.1f s", admission.total, admission.valid_keys,
+                len(admission.table), admission.rejects, admission.new_rejects,
+                admission.table.nbytes, time.monotonic() - started)
+    return admission
