@@ -12,7 +12,7 @@ Design decisions:
 - Fits use sufficient statistics of cells of interchangeable rows (see Sample), so
   200 Poisson-bootstrap resamples x all categories are one vectorised Newton run
   (~0.3 s for 100K rows). Ranges are the 5th-95th bootstrap percentiles; their coverage
-  was checked by simulation (tests/unit/reporting/test_forecast.py).
+  was checked by simulation (tests/unit/jobs/analysis/test_forecast.py).
 - Normal tail: a vectorised erfc (Numerical Recipes' erfcc, relative error < 1.2e-7)
   in log space, so tails never underflow; math.erfc would need a Python loop.
 - Kaplan-Meier is given for caps up to the observed cap, where the survival function
