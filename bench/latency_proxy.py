@@ -14,6 +14,7 @@ event loop, so synchronous code (pyarrow, boto3, Ray workers) can use it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Optional
 
@@ -27,6 +28,7 @@ class LatencyProxy:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[asyncio.AbstractServer] = None
         self._thread: Optional[threading.Thread] = None
+        self._handlers: set[asyncio.Task] = set()  # open connections, closed on stop
 
     @property
     def url(self) -> str:
@@ -56,6 +58,9 @@ class LatencyProxy:
 
         async def close() -> None:
             self._server.close()
+            for task in self._handlers:
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await self._server.wait_closed()
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -70,6 +75,14 @@ class LatencyProxy:
         self.stop()
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._handlers.add(task)
+        try:
+            await self._pipe(client_r, client_w)
+        finally:
+            self._handlers.discard(task)
+
+    async def _pipe(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
             up_r, up_w = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -101,3 +114,5 @@ class LatencyProxy:
         finally:
             for w in (client_w, up_w):
                 w.close()
+                with contextlib.suppress(ConnectionError, OSError):
+                    await w.wait_closed()
