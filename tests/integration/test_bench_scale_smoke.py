@@ -9,7 +9,7 @@ import pytest
 
 from bench.resume_scale import markdown, parse_args, run_scale
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~70 s: warm-up, fresh, resume, analysis
 
 HELD, NEW = 512, 64
 
