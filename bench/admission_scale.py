@@ -8,13 +8,19 @@ keys (the real digest function and merge path) and prints their bytes, next to t
 bytes per key of a Python set of the same key strings (what the old ledger actor held;
 measured with tracemalloc on a 1M-key sample). ``--rows``: writes N synthetic JSONL
 prompts (0.1% invalid, 0.1% duplicate ids) to a temp dir and times admit_inputs on
-them, rejects written to a local run folder.
+them, rejects written to a local run folder. ``--index-keys``: the resume read model
+of a run holding N rows as today's driver holds it (jobs/runs/run.py RunState.read: the
+data/ columns key, settings_hash, budget_history, prompt_hash as one Arrow table, then
+PriorRun's digest arrays; jobs/runs/progress.py RunCounts.latest, a dict of every key,
+measured with tracemalloc on a 1M-key sample and scaled), and this process's peak RSS
+(run it alone, ``--keys 0 --rows 0``, for a clean figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -47,6 +53,34 @@ def key_memory(n: int) -> dict[str, float]:
     return {"keys": n, "table_bytes": table.nbytes, "table_bytes_per_key": table.nbytes / n,
             "pass_peak_bytes": peak, "build_s": time.perf_counter() - started,
             "python_set_bytes_per_key": set_bytes / sample}
+
+
+def index_memory(n: int) -> dict[str, float]:
+    import pyarrow as pa
+
+    from jobs.pipeline.admission import PriorRun
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    keys = pa.array([f"s{i:09d}" for i in range(n)])
+    columns = pa.table({  # the shapes RunState.read holds: one row per held row
+        "key": keys,
+        "settings_hash": pa.array(["sha256:" + "0" * 32] * n).dictionary_encode().cast(pa.string()),
+        "budget_history": pa.array([[4096]] * n, pa.list_(pa.int32())),
+        "prompt_hash": pa.array([f"sha256:{i:032x}" for i in range(n)])})
+    def values(name: str):  # a chunk at a time, as RunState.read feeds PriorRun
+        for chunk in columns.column(name).chunks:
+            yield from chunk.to_pylist()
+    prior = PriorRun.from_columns(values("key"), values("prompt_hash"), [], [])
+    prior_bytes = prior.done.nbytes + prior.done_prompt.nbytes + prior.failed.nbytes
+    sample = min(n, 1_000_000)
+    tracemalloc.start()
+    latest = {f"s{i:09d}": (0, False, 120 + i % 7) for i in range(sample)}
+    dict_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del latest
+    return {"keys": n, "arrow_bytes": columns.nbytes, "prior_bytes": prior_bytes,
+            "progress_dict_bytes": dict_bytes * n / sample,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "baseline_rss_bytes": baseline}
 
 
 def synthetic_input(path: Path, n: int) -> None:
@@ -85,7 +119,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keys", type=int, default=10_000_000)
     parser.add_argument("--rows", type=int, default=900_000)
+    parser.add_argument("--index-keys", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.index_keys:
+        m = index_memory(args.index_keys)
+        mib = {k: v / 2**20 for k, v in m.items() if k.endswith("bytes")}
+        print(f"resume read model at {m['keys']:,} keys: RunState.read columns "
+              f"{mib['arrow_bytes']:,.0f} MiB, PriorRun digests {mib['prior_bytes']:,.0f} MiB, "
+              f"progress key dict ~{mib['progress_dict_bytes']:,.0f} MiB (1M-key sample "
+              f"scaled); process peak RSS {mib['peak_rss_bytes']:,.0f} MiB (at start "
+              f"{mib['baseline_rss_bytes']:,.0f} MiB)", flush=True)
     if args.keys:
         m = key_memory(args.keys)
         print(f"admission table at {m['keys']:,} keys: {m['table_bytes']:,} bytes "

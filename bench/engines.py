@@ -10,8 +10,6 @@ benchmark can subtract it from the driver's.
 from __future__ import annotations
 
 import bisect
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -126,25 +124,3 @@ class EngineWatch:
             return None
         return (b - a) / (t1 - t0)
 
-
-def start_simulators(settings, n: int) -> tuple[list[subprocess.Popen], list[str]]:
-    """n simulator processes with identical settings on free ports (calibration only)."""
-    from serve_apps.engine_process import free_port
-    from serve_apps.engines.simulator.launch import build_command
-    procs, urls = [], []
-    for _ in range(n):
-        port = free_port()
-        procs.append(subprocess.Popen(build_command(settings, "127.0.0.1", port, sys.executable),
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        urls.append(f"http://127.0.0.1:{port}")
-    deadline = time.time() + 30
-    for url in urls:
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).close()
-                break
-            except Exception:  # noqa: BLE001
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.1)
-    return procs, urls

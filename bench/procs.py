@@ -210,9 +210,3 @@ class RssSampler:
         finally:
             os.unlink(self._out)
 
-
-def rss_of(pid: int) -> int:
-    try:
-        return psutil.Process(pid).memory_info().rss
-    except psutil.Error:
-        return 0

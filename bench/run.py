@@ -72,10 +72,9 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
            "min_actors": opt.actors, "max_actors": opt.actors,
            "inflight_rows_per_actor": max(1, inflight // opt.actors),
            "batch_size": 64, "max_batches_per_actor": 8, "rows_per_file": 256,
-           "progress_interval_s": 5}
-    from jobs.config import JobConfig, rows_per_replica
-    if "metrics_linger_s" in JobConfig.model_fields:
-        job["metrics_linger_s"] = 0  # no Prometheus here: do not time a deliberate idle wait
+           "progress_interval_s": 5,
+           "metrics_linger_s": 0}  # no Prometheus here: do not time a deliberate idle wait
+    from jobs.config import rows_per_replica
     tree = {
         "engine": {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
                    "max_running_requests": opt.max_running, "start_timeout_s": 120,

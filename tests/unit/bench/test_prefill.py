@@ -1,0 +1,47 @@
+"""The scale benchmark's pre-filled runs (bench/prefill.py) are real runs to the job:
+its resume state reads every held row as done under the config's settings, and the
+admission pass leaves exactly the new prompts to generate."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.prefill import ROWS_PER_PART, cached_run, input_file
+from bench.resume_scale import config_tree, settings_hash_of
+from jobs.config import StorageConfig, parse_config
+from jobs.io.run_store import RunStore
+from jobs.io.storage import locate
+from jobs.pipeline.admission import admit_inputs
+from jobs.runs.run import RunState, check_settings
+
+HELD, NEW = 600, 40
+
+
+def _cfg(tmp_path):
+    args = argparse.Namespace(time_scale=0.0, app_name="t", replicas=1, max_new_tokens=4096)
+    return parse_config(config_tree(args, "http://unused", tmp_path, "scale-unit"))
+
+
+def test_prefilled_run_resumes_to_exactly_the_new_rows(tmp_path):
+    cfg = _cfg(tmp_path)
+    sh = settings_hash_of(cfg)
+    run = cached_run(tmp_path, HELD, cfg, sh, threads=2)
+    store = RunStore(str(run), StorageConfig())
+    assert len(store.part_paths("data")) == -(-HELD // ROWS_PER_PART)
+
+    state = RunState.read(store)
+    assert len(state.prior.done) == HELD
+    check_settings(state, sh, cfg.job.max_new_tokens, "scale-unit")  # raises on a mismatch
+    full = input_file(tmp_path, HELD + NEW)
+    admission = admit_inputs([locate(str(full), StorageConfig())], state.prior, False,
+                             lambda part: None)
+    assert (admission.total, len(admission.table), admission.edited) == (HELD + NEW, NEW, 0)
+
+
+def test_cached_run_is_reused(tmp_path):
+    cfg = _cfg(tmp_path)
+    first = cached_run(tmp_path, 10, cfg, settings_hash_of(cfg), threads=1)
+    part = next((first / "data").iterdir())
+    part.unlink()  # a rebuild would write it again
+    assert cached_run(tmp_path, 10, cfg, settings_hash_of(cfg), threads=1) == first
+    assert not part.exists()
