@@ -8,19 +8,17 @@ keys (the real digest function and merge path) and prints their bytes, next to t
 bytes per key of a Python set of the same key strings (what the old ledger actor held;
 measured with tracemalloc on a 1M-key sample). ``--rows``: writes N synthetic JSONL
 prompts (0.1% invalid, 0.1% duplicate ids) to a temp dir and times admit_inputs on
-them, rejects written to a local run folder. ``--index-keys``: the resume read model
-of a run holding N rows as today's driver holds it (jobs/runs/run.py RunState.read: the
-data/ columns key, settings_hash, budget_history, prompt_hash as one Arrow table, then
-PriorRun's digest arrays; jobs/runs/progress.py RunCounts.latest, a dict of every key,
-measured with tracemalloc on a 1M-key sample and scaled), and this process's peak RSS
-(run it alone, ``--keys 0 --rows 0``, for a clean figure).
+them, rejects written to a local run folder. ``--index-keys``: the driver's resume read model at N held keys:
+a run of N keys as real sidecars (jobs/io/part_summary.py) next to 1-byte stand-in parts
+is built once under ``--work``; a fresh interpreter opens it as a resume does
+(RunState.read -> jobs/io/run_index.py) and then builds the admission pass's arrays and
+table for N input rows; it prints the open time and that process's peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import tempfile
 import time
@@ -55,32 +53,72 @@ def key_memory(n: int) -> dict[str, float]:
             "python_set_bytes_per_key": set_bytes / sample}
 
 
-def index_memory(n: int) -> dict[str, float]:
+def index_run(n: int, root: Path) -> Path:
+    """A run of n held keys as real sidecars next to 1-byte stand-in parts: the run index
+    opens a run from its sidecars only, so this is what a resume reads (built once)."""
+    import datetime as dt
+
     import pyarrow as pa
 
-    from jobs.pipeline.admission import PriorRun
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    keys = pa.array([f"s{i:09d}" for i in range(n)])
-    columns = pa.table({  # the shapes RunState.read holds: one row per held row
-        "key": keys,
-        "settings_hash": pa.array(["sha256:" + "0" * 32] * n).dictionary_encode().cast(pa.string()),
-        "budget_history": pa.array([[4096]] * n, pa.list_(pa.int32())),
-        "prompt_hash": pa.array([f"sha256:{i:032x}" for i in range(n)])})
-    def values(name: str):  # a chunk at a time, as RunState.read feeds PriorRun
-        for chunk in columns.column(name).chunks:
-            yield from chunk.to_pylist()
-    prior = PriorRun.from_columns(values("key"), values("prompt_hash"), [], [])
-    prior_bytes = prior.done.nbytes + prior.done_prompt.nbytes + prior.failed.nbytes
-    sample = min(n, 1_000_000)
-    tracemalloc.start()
-    latest = {f"s{i:09d}": (0, False, 120 + i % 7) for i in range(sample)}
-    dict_bytes = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    del latest
-    return {"keys": n, "arrow_bytes": columns.nbytes, "prior_bytes": prior_bytes,
-            "progress_dict_bytes": dict_bytes * n / sample,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "baseline_rss_bytes": baseline}
+    from jobs.io import part_summary
+    from jobs.io.schema import DATA
+    run = root / f"index-run-{n}"
+    if (run / "COMPLETE").exists():
+        return run
+    (run / "data").mkdir(parents=True, exist_ok=True)
+    (run / "index" / "data").mkdir(parents=True, exist_ok=True)
+    ts = pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)] * 256,
+                  DATA.field("created_at").type)
+    for p, start in enumerate(range(0, n, 256)):
+        m = min(256, n - start)
+        keys = [f"s{i:09d}" for i in range(start, start + m)]
+        part = pa.table({
+            "key": keys, "version": pa.array(np.zeros(m, np.int32)), "created_at": ts[:m],
+            "finish_reason": ["stop"] * m,
+            "completion_tokens": pa.array(np.full(m, 1000, np.int32)),
+            "prompt_hash": [f"sha256:{k}" for k in keys], "settings_hash": ["h"] * m,
+            "budget_history": pa.array([[4096]] * m, pa.list_(pa.int32())),
+            "retry_classes": pa.array([[]] * m, pa.list_(pa.string()))})
+        (run / "data" / f"part-{p:09d}.parquet").write_bytes(b"x")
+        (run / "index" / "data" / f"part-{p:09d}.arrow").write_bytes(
+            part_summary.encode(part_summary.summarize("data", part, 1)))
+    (run / "COMPLETE").write_text(f"{n}\n")
+    return run
+
+
+def index_memory(n: int, root: Path) -> dict[str, float]:
+    """The driver's resume read model at n held keys, in a fresh interpreter: the run
+    index opened from the sidecars (RunState.read), then the admission pass's key
+    arrays and table for n input rows held alongside it; peak RSS of that process."""
+    import subprocess
+    run = index_run(n, root)
+    code = f"""
+import json, resource, time
+import numpy as np
+from jobs.config import StorageConfig
+from jobs.io.run_store import RunStore
+from jobs.runs.run import RunState
+from jobs.pipeline.admission import CHUNK_ROWS, AdmissionTable, SeenKeys, digests_of
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t0 = time.perf_counter()
+state = RunState.read(RunStore({str(run)!r}, StorageConfig()))
+opened = time.perf_counter() - t0
+after_open = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+seen = SeenKeys()
+for start in range(0, {n}, CHUNK_ROWS):
+    stop = min(start + CHUNK_ROWS, {n})
+    seen.add_new(digests_of(f"s{{i:09d}}" for i in range(start, stop)),
+                 np.arange(start, stop, dtype=np.int64))
+table = AdmissionTable(*seen.merged())
+print(json.dumps({{"keys": len(state.prior.done), "open_s": opened,
+                  "index_bytes": state.index.nbytes,
+                  "table_bytes": table.nbytes, "baseline_rss_bytes": base,
+                  "open_peak_rss_bytes": after_open,
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def synthetic_input(path: Path, n: int) -> None:
@@ -120,15 +158,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000_000)
     parser.add_argument("--rows", type=int, default=900_000)
     parser.add_argument("--index-keys", type=int, default=0)
+    parser.add_argument("--work", default=".local/bench-scale",
+                        help="where --index-keys builds (and reuses) its synthetic run")
     args = parser.parse_args(argv)
     if args.index_keys:
-        m = index_memory(args.index_keys)
+        m = index_memory(args.index_keys, Path(args.work))
         mib = {k: v / 2**20 for k, v in m.items() if k.endswith("bytes")}
-        print(f"resume read model at {m['keys']:,} keys: RunState.read columns "
-              f"{mib['arrow_bytes']:,.0f} MiB, PriorRun digests {mib['prior_bytes']:,.0f} MiB, "
-              f"progress key dict ~{mib['progress_dict_bytes']:,.0f} MiB (1M-key sample "
-              f"scaled); process peak RSS {mib['peak_rss_bytes']:,.0f} MiB (at start "
-              f"{mib['baseline_rss_bytes']:,.0f} MiB)", flush=True)
+        print(f"driver at a resume of {m['keys']:,} held keys: run index opened from "
+              f"sidecars in {m['open_s']:.1f} s ({mib['index_bytes']:,.0f} MiB of key arrays), "
+              f"peak RSS {mib['open_peak_rss_bytes']:,.0f} MiB after the open, "
+              f"{mib['peak_rss_bytes']:,.0f} MiB with the admission arrays and table for as "
+              f"many input rows ({mib['table_bytes']:,.0f} MiB table); interpreter at start "
+              f"{mib['baseline_rss_bytes']:,.0f} MiB", flush=True)
     if args.keys:
         m = key_memory(args.keys)
         print(f"admission table at {m['keys']:,} keys: {m['table_bytes']:,} bytes "

@@ -24,7 +24,7 @@ from jobs.config import RunConfig, StorageConfig
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA, TIMESTAMP
 from jobs.io.storage import locate
-from jobs.pipeline.sink import row_ids
+from jobs.io.run_index import row_ids
 from jobs.pipeline.validate import canonical_json, prompt_key
 
 ROWS_PER_PART = 256
@@ -90,7 +90,7 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
         "created_at": pa.array(np.full(n, int(time.time() * 1000)), pa.int64()).cast(TIMESTAMP),
         "prompt_hash": pa.array([prompt_key(m, None) for m in msgs]),
     }
-    return pa.table(cols).cast(DATA)
+    return pa.table([cols[f.name] for f in DATA], names=DATA.names).cast(DATA)  # schema order
 
 
 def cached_run(work_dir: Path, held: int, cfg: RunConfig, settings_hash: str,

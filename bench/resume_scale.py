@@ -95,8 +95,8 @@ class FirstRequest:
 
 def settings_hash_of(cfg) -> str:
     """The settings_hash the job stamps on its rows (the one place that asks)."""
-    from jobs.pipeline.chain import stage_context
-    return stage_context(cfg)["settings_hash"]
+    from jobs.pipeline.settings import StageSettings
+    return StageSettings.of(cfg).settings_hash
 
 
 def config_tree(args: argparse.Namespace, endpoint: str, input_path: Path, run_name: str) -> dict:
@@ -127,14 +127,14 @@ def read_state_s(cfg) -> float:
 
 
 def timed_run(cfg, urls: list[str], held: int, delay_s: float, mode: str) -> Measure:
+    from jobs.pipeline.settings import RunMode
     from jobs.runs.run import run_job
     tree = ProcTree()
     rss = RssSampler(tree, 0.5).start()
     try:
         with FirstRequest(urls) as first:
             started = time.time()
-            summary = run_job(cfg, retry_failed=False, continue_truncated=False,
-                              max_total_tokens=None, stop_exc=_Never)
+            summary = run_job(cfg, RunMode(), stop_exc=_Never)
             ended = time.time()
     finally:
         rss.stop()

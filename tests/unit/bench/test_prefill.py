@@ -12,7 +12,8 @@ from jobs.config import StorageConfig, parse_config
 from jobs.io.run_store import RunStore
 from jobs.io.storage import locate
 from jobs.pipeline.admission import admit_inputs
-from jobs.runs.run import RunState, check_settings
+from jobs.runs.plans import check_settings
+from jobs.runs.run import RunState
 
 HELD, NEW = 600, 40
 
