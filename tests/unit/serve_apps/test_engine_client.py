@@ -209,29 +209,31 @@ def test_timeout_is_unavailable():
         run(slow, call)
 
 
+async def _generate_against_raw(handle) -> None:
+    """One generate call against a raw TCP server running ``handle`` (a broken HTTP peer)."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = EngineClient(f"http://127.0.0.1:{port}", request_timeout_s=5)
+    try:
+        await generate(client)
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
 def test_connection_dropped_mid_body_is_unavailable():
     # The engine dies while sending its answer: a connection problem, so retryable
     # EngineUnavailable, not an untyped aiohttp.ClientPayloadError.
-    async def main():
-        async def handle(reader, writer):
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100\r\n\r\n{\"te")
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = EngineClient(f"http://127.0.0.1:{port}", request_timeout_s=5)
-        try:
-            await generate(client)
-        finally:
-            await client.close()
-            server.close()
-            await server.wait_closed()
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"te")
+        await writer.drain()
+        writer.close()
 
     with pytest.raises(EngineUnavailable):
-        asyncio.run(main())
+        asyncio.run(_generate_against_raw(handle))
 
 
 def test_healthy_true_false():
@@ -316,21 +318,11 @@ def test_request_on_a_connection_the_server_closed_is_sent_again():
 def test_server_that_always_disconnects_is_unavailable_after_one_resend():
     attempts = []
 
-    async def main():
-        async def handle(reader, writer):
-            await reader.readuntil(b"\r\n\r\n")
-            attempts.append(1)
-            writer.close()  # no answer at all, every time
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = EngineClient(f"http://127.0.0.1:{port}", request_timeout_s=5)
-        try:
-            await generate(client)
-        finally:
-            await client.close()
-            server.close()
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        attempts.append(1)
+        writer.close()  # no answer at all, every time
 
     with pytest.raises(EngineUnavailable, match="ServerDisconnectedError"):
-        asyncio.run(main())
+        asyncio.run(_generate_against_raw(handle))
     assert len(attempts) == 2
