@@ -176,7 +176,12 @@ class _Pass:
 
     def __init__(self, prior: PriorRun, uris: list[str], write: Callable[[list], None]):
         self.prior, self.uris, self.write = prior, uris, write
-        self.seen = SeenKeys()
+        self.seen = SeenKeys()  # keys the run does not hold yet
+        # Keys the run holds are tracked in place, aligned with prior.done: their first
+        # ordinal (-1: not met yet) and count, 12 bytes a key instead of SeenKeys' 20
+        # and its merges; at a resume of 10M held keys that is most of the pass's memory.
+        self.done_first = np.full(len(prior.done), -1, np.int64)
+        self.done_count = np.zeros(len(prior.done), np.uint32)
         self.chunk: list[tuple[int, str, Optional[str], str, int, str]] = []
         self.invalid_ranks: collections.Counter = collections.Counter()
         self.rejects, self.new_rejects, self.pending = 0, 0, []
@@ -215,16 +220,25 @@ class _Pass:
             return
         ordinals = np.fromiter((r[0] for r in self.chunk), np.int64, len(self.chunk))
         digests = digests_of(r[1] for r in self.chunk)
-        known = self.seen.contains(digests)
+        held, pos = sorted_contains(self.prior.done, digests)
+        met = self.done_first[pos] >= 0 if len(self.done_first) else np.zeros(len(pos), bool)
+        known = np.where(held, met, self.seen.contains(digests))
         _, first = np.unique(digests, return_index=True)  # first index of each digest
         is_new = np.zeros(len(digests), bool)
         is_new[first] = True
         is_new &= ~known
-        self._check_edits(np.flatnonzero(is_new), digests)
-        self.seen.add_new(digests[is_new], ordinals[is_new])
+        self._check_edits(np.flatnonzero(is_new & held), pos)
+        new_held = is_new & held
+        self.done_first[pos[new_held]] = ordinals[new_held]
+        self.done_count[pos[new_held]] = 1
+        self.seen.add_new(digests[is_new & ~held], ordinals[is_new & ~held])
         for i in np.flatnonzero(~is_new):  # duplicates are rare: a loop is fine
             ordinal, key, row_id, _, line, raw = self.chunk[i]
-            rank, first_ordinal = self.seen.bump(int(digests[i]))
+            if held[i]:
+                self.done_count[pos[i]] += 1
+                rank, first_ordinal = int(self.done_count[pos[i]]), int(self.done_first[pos[i]])
+            else:
+                rank, first_ordinal = self.seen.bump(int(digests[i]))
             self.reject(reject_record(
                 self.uris[ordinal >> ORDINAL_SHIFT], line, raw,
                 f"duplicate id {key!r}: first seen at "
@@ -232,12 +246,26 @@ class _Pass:
                 _content_id("dup", key, rank), key, row_id))
         self.chunk = []
 
-    def _check_edits(self, rows: np.ndarray, digests: np.ndarray) -> None:
-        found, pos = sorted_contains(self.prior.done, digests[rows])
-        if not found.any():
-            return
-        for i, p in zip(rows[found], pos[found]):
-            stored = self.prior.done_prompt[p]
+    @property
+    def nbytes(self) -> int:
+        return self.seen.nbytes + self.done_first.nbytes + self.done_count.nbytes
+
+    def table(self, retry_failed: bool) -> tuple[AdmissionTable, int]:
+        """(what to generate, distinct valid keys met), once the pass is over; frees the
+        pass's arrays before the table is built."""
+        held_in_input = int((self.done_first >= 0).sum())
+        digests, ordinals = self.seen.merged()  # none of them held by the run
+        self.seen = SeenKeys()
+        self.done_first = self.done_first[:0]
+        in_failed, _ = sorted_contains(self.prior.failed, digests)
+        go = in_failed if retry_failed else ~in_failed
+        return AdmissionTable(digests[go], ordinals[go]), len(digests) + held_in_input
+
+    def _check_edits(self, rows: np.ndarray, pos: np.ndarray) -> None:
+        """rows: chunk rows meeting a held key for the first time; pos: their places in
+        prior.done."""
+        for i in rows:
+            stored = self.prior.done_prompt[pos[i]]
             _, key, _, prompt_hash, _, _ = self.chunk[i]
             if stored and stored != key_digest(prompt_hash):
                 self.edited += 1
@@ -268,17 +296,12 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
                        "rows": rows, "sha256": hasher.hexdigest() if complete else None})
     state.flush()
     state.write_pending()
-    seen_bytes = state.seen.nbytes
-    digests, ordinals = state.seen.merged()
-    state.seen = None  # free the pass's arrays before the table is built
-    in_done, _ = sorted_contains(prior.done, digests)
-    in_failed, _ = sorted_contains(prior.failed, digests)
-    go = ~in_done & (in_failed if retry_failed else ~in_failed)
-    removed = 0 if limit is not None else len(prior.done) - int(
-        sorted_contains(digests, prior.done)[0].sum())
+    seen_bytes = state.nbytes
+    held_in_input = int((state.done_first >= 0).sum())
+    table, valid_keys = state.table(retry_failed)
+    removed = 0 if limit is not None else len(prior.done) - held_in_input
     return Admission(
-        table=AdmissionTable(digests[go], ordinals[go]),
-        total=total, valid_keys=len(digests), rejects=state.rejects,
+        table=table, total=total, valid_keys=valid_keys, rejects=state.rejects,
         new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,
         edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes)
 

@@ -216,3 +216,31 @@ def test_seen_keys_stay_few_sorted_runs_and_find_every_key():
     assert seen.bump(42) == (2, 420) and seen.bump(42) == (3, 420)
     digests, ordinals = seen.merged()
     assert digests.tolist() == list(range(1, 5001)) and ordinals[41] == 420
+
+
+def test_duplicates_of_held_keys_get_the_same_verdicts_as_on_a_fresh_run(tmp_path, monkeypatch):
+    """Keys the run holds are tracked beside the run index's digests, not in SeenKeys: a
+    duplicate of a held key is still a reject naming its first place, with the same
+    reject id as on a fresh run, across chunks and files; only new keys are admitted."""
+    monkeypatch.setattr(admission, "CHUNK_ROWS", 2)
+    a = write(tmp_path / "a.jsonl", [line("h1"), line("n1"), line("h1", "other"),
+                                     line("h2"), line("n1")])
+    b = write(tmp_path / "b.jsonl", [line("h1"), line("n2"), line("h2")])
+    fresh, fresh_rejects = run_pass([a, b])
+    prior = PriorRun.of({"h1": None, "h2": None, "gone": None}, [], [])
+    held, held_rejects = run_pass([a, b], prior)
+    assert chosen(held, [a, b]) == {(a, 2), (b, 2)}  # n1, n2: the held keys are skipped
+    assert chosen(fresh, [a, b]) == {(a, 1), (a, 2), (a, 4), (b, 2)}
+    assert held.valid_keys == fresh.valid_keys == 4 and held.rejects == fresh.rejects == 4
+    assert held.removed == 1  # "gone" is held but no longer in the input
+    key = lambda r: (r["source"], r["line"], r["reason"], r["reject_id"])  # noqa: E731
+    assert sorted(map(key, held_rejects)) == sorted(map(key, fresh_rejects))
+    assert (b, 1, f"duplicate id 'h1': first seen at {a}:1") in {
+        (r["source"], r["line"], r["reason"]) for r in held_rejects}
+
+
+def test_an_edited_prompt_is_reported_once_even_when_its_id_repeats(tmp_path):
+    a = write(tmp_path / "a.jsonl", [line("h", "new text"), line("h", "new text")])
+    stored = parse_row(line("h", "old text"))["prompt_hash"]
+    result, rejects = run_pass([a], PriorRun.of({"h": stored}, [], []))
+    assert result.edited == 1 and len(rejects) == 1 and len(result.table) == 0
