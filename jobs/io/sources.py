@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
@@ -86,10 +87,20 @@ def _table(loc: Location, file_index: int, lines: list[int], raws: list[str]) ->
                     schema=RAW_SCHEMA)
 
 
-def _blocks(loc: Location, file_index: int, limit: Optional[int],
-            block_rows: int) -> Iterator[pa.Table]:
+def _blocks(loc: Location, file_index: int, limit: Optional[int], block_rows: int,
+            only_lines: Optional[np.ndarray] = None) -> Iterator[pa.Table]:
+    """``only_lines``: sorted line numbers to keep (the rest are skipped unparsed)."""
     lines, raws = [], []
+    wanted = iter(only_lines.tolist()) if only_lines is not None else None
+    next_wanted = next(wanted, None) if wanted is not None else None
     for count, (number, raw) in enumerate(iter_rows(loc), start=1):
+        if wanted is not None:
+            while next_wanted is not None and next_wanted < number:
+                next_wanted = next(wanted, None)
+            if next_wanted != number:
+                if next_wanted is None:
+                    break  # nothing wanted further down this file
+                continue
         lines.append(number)
         raws.append(raw)
         if len(lines) >= block_rows:
@@ -109,13 +120,26 @@ def count_rows(loc: Location) -> int:
     return sum(1 for _ in iter_jsonl_lines(loc))
 
 
-class PromptFiles(Datasource):
-    """Ray Data source: one read task per prompt file."""
+def lines_of_file(ordinals: np.ndarray, file_index: int) -> np.ndarray:
+    """The line numbers of one file among sorted ordinals (ordinal_of), sorted."""
+    lo = np.searchsorted(ordinals, ordinal_of(file_index, 0))
+    hi = np.searchsorted(ordinals, ordinal_of(file_index + 1, 0))
+    return ordinals[lo:hi] & ((1 << ORDINAL_SHIFT) - 1)
 
-    def __init__(self, files: list[Location], limit: Optional[int], block_rows: int):
+
+class PromptFiles(Datasource):
+    """Ray Data source: one read task per prompt file.
+
+    ``only``: ``[ObjectRef]`` of the sorted ordinals the admission pass chose; lines not
+    among them are skipped before parsing (a resume of a large run reads its input
+    without validating the rows it already holds). The admit stage still checks every
+    row it gets, so this only saves work."""
+
+    def __init__(self, files: list[Location], limit: Optional[int], block_rows: int,
+                 only: Optional[list] = None):
         # Blocks of one generate batch: a generate task then holds one batch, and
         # finished rows reach the writer without waiting for a 1,000-row block.
-        self.files, self.limit, self.block_rows = files, limit, block_rows
+        self.files, self.limit, self.block_rows, self.only = files, limit, block_rows, only
 
     def estimate_inmemory_data_size(self) -> Optional[int]:
         return None
@@ -127,5 +151,12 @@ class PromptFiles(Datasource):
             meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
                                  input_files=(loc.uri,))
             tasks.append(ReadTask(lambda loc=loc, index=index: _blocks(
-                loc, index, self.limit, self.block_rows), meta, schema=RAW_SCHEMA))
+                loc, index, self.limit, self.block_rows, self._lines(index)), meta,
+                schema=RAW_SCHEMA))
         return tasks
+
+    def _lines(self, file_index: int) -> Optional[np.ndarray]:
+        if self.only is None:
+            return None
+        import ray
+        return lines_of_file(ray.get(self.only[0]), file_index)

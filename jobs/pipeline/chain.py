@@ -7,6 +7,8 @@ streaming executor keeps memory flat and back-pressures the read.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import ray
 import ray.data
 
@@ -27,11 +29,12 @@ LIGHT_CPU = 0.1
 LIGHT_TASKS = 2
 
 
-def build(cfg: RunConfig, inputs: list[Location], table: list,
-          stage: StageSettings) -> ray.data.Dataset:
-    """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py)."""
+def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSettings,
+          only: Optional[list] = None) -> ray.data.Dataset:
+    """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py);
+    ``only``: [ObjectRef of its sorted ordinals]: the read skips every other line."""
     job = cfg.job
-    ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size),
+    ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size, only),
                                   num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
                         num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import numpy as np
 import ray.data
 
 from jobs.config import RunConfig
@@ -102,7 +103,8 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], stat
         for part in reject_parts:
             write(part)
         table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
-        return pipeline.build(cfg, inputs, table, stage)
+        only = [ray.put(np.sort(admission.table.ordinals))]
+        return pipeline.build(cfg, inputs, table, stage, only)
     return Plan(admission.total, expect_all=True, build=build)
 
 
