@@ -250,16 +250,19 @@ class _Pass:
     def nbytes(self) -> int:
         return self.seen.nbytes + self.done_first.nbytes + self.done_count.nbytes
 
+    def held_met(self) -> int:
+        """Keys the run holds that the input has (so far)."""
+        return int((self.done_first >= 0).sum())
+
     def table(self, retry_failed: bool) -> tuple[AdmissionTable, int]:
-        """(what to generate, distinct valid keys met), once the pass is over; frees the
-        pass's arrays before the table is built."""
-        held_in_input = int((self.done_first >= 0).sum())
+        """(what to generate, distinct keys met that the run does not hold), once the pass
+        is over; frees the pass's arrays before the table is built."""
         digests, ordinals = self.seen.merged()  # none of them held by the run
         self.seen = SeenKeys()
-        self.done_first = self.done_first[:0]
+        self.done_first, self.done_count = self.done_first[:0], self.done_count[:0]
         in_failed, _ = sorted_contains(self.prior.failed, digests)
         go = in_failed if retry_failed else ~in_failed
-        return AdmissionTable(digests[go], ordinals[go]), len(digests) + held_in_input
+        return AdmissionTable(digests[go], ordinals[go]), len(digests)
 
     def _check_edits(self, rows: np.ndarray, pos: np.ndarray) -> None:
         """rows: chunk rows meeting a held key for the first time; pos: their places in
@@ -297,11 +300,11 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
     state.flush()
     state.write_pending()
     seen_bytes = state.nbytes
-    held_in_input = int((state.done_first >= 0).sum())
-    table, valid_keys = state.table(retry_failed)
+    held_in_input = state.held_met()
+    table, new_keys = state.table(retry_failed)
     removed = 0 if limit is not None else len(prior.done) - held_in_input
     return Admission(
-        table=table, total=total, valid_keys=valid_keys, rejects=state.rejects,
+        table=table, total=total, valid_keys=new_keys + held_in_input, rejects=state.rejects,
         new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,
         edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes)
 
