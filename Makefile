@@ -48,10 +48,13 @@ run: stack-up
 	$(PY) -m jobs.generate --config jobs/configs/demo.yaml
 
 # Three tiers (tests/README.md): the pure unit tier in parallel, then contract and
-# integration in one process (they share one simulator, SGLang stack, Ray cluster and S3).
+# integration on TEST_WORKERS xdist workers; each worker starts its own Ray cluster and
+# S3 server and shares them across its tests (loadscope: tests sharing a module or folder
+# fixture stay on one worker, tests/support/xdist_scopes.py).
+TEST_WORKERS ?= 2
 test: setup prometheus
 	$(PY) -m pytest tests/unit -q -n auto $(PYTEST_FLAGS)
-	$(PY) -m pytest tests/contract tests/integration -q $(PYTEST_FLAGS)
+	$(PY) -m pytest tests/contract tests/integration -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_FLAGS)
 
 # The unit tier alone: no services, no SGLang, no promtool; seconds.
 test-fast: $(VENV)/.base

@@ -1,6 +1,7 @@
-"""Session-wide test environment (dummy AWS credentials for the local S3 server) and the
-tier markers: every test is marked by its directory, so `-m unit`, `-m contract`,
-`-m integration` (and `not ...`) select tiers without per-file marks."""
+"""Session-wide test environment (dummy AWS credentials for the local S3 server), the
+tier markers (every test is marked by its directory, so `-m unit`, `-m contract`,
+`-m integration` (and `not ...`) select tiers without per-file marks), and the xdist
+scopes `--dist loadscope` uses (tests/support/xdist_scopes.py)."""
 
 import os
 from pathlib import Path
@@ -22,3 +23,19 @@ def pytest_itemcollected(item):
     tier = item.path.resolve().relative_to(TESTS).parts[0]
     if tier in TIERS:
         item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` with raygen's scopes: tests sharing an expensive fixture stay on
+    one worker, every other test is scheduled on its own (tests/support/xdist_scopes.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    from tests.support.xdist_scopes import scope_of
+
+    class FixtureScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return FixtureScopeScheduling(config, log)

@@ -35,32 +35,41 @@ def _assert_exactly_once(tree: dict, n: int) -> None:
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume(ray_cluster, s3_endpoint, tmp_path):
+    """Each trial SIGKILLs a driver subprocess in one phase of its run, at a random moment
+    inside it, then resumes the run once: exact. The phases are found by watching the
+    run, not the clock since launch (a kill during the interpreter's imports, seconds on
+    a loaded machine, proves nothing): admission and pipeline start (the driver has just
+    taken the lease), the first durable parts, and half the rows durable."""
     rows = write_prompts(tmp_path / "p.jsonl", 240)
     rng = random.Random(7)
-    results = []
-    for trial in range(5):
+
+    def completed(store) -> int:
+        return (store.read_json("progress.json") or {}).get("completed", 0)
+
+    phases = {"start": lambda store: store.read_json("lease.json"),
+              "first parts": lambda store: completed(store) > 0,
+              "half done": lambda store: completed(store) >= 120}
+    landed = []
+    for trial, (phase, reached) in enumerate(phases.items()):
         tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                           run_name=f"kill-{trial}-{os.getpid()}",
                           job={"rows_per_file": 16, "batch_size": 8})
-        cfg = write_yaml(tmp_path / f"kill{trial}.yaml", tree)
-        cmd = [sys.executable, "-m", "jobs.generate", "--config", str(cfg)]
-        kills = 0
-        for attempt in range(6):
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            if attempt < 1:  # kill the first attempt at a random moment
-                try:
-                    proc.wait(timeout=rng.uniform(4, 12))
-                except subprocess.TimeoutExpired:
-                    proc.send_signal(signal.SIGKILL)
-                    kills += 1
-                proc.wait()
-                continue
-            assert proc.wait(timeout=300) == 0
-            break
+        store = store_of(tree)
+        cmd = [sys.executable, "-m", "jobs.generate", "--config",
+               str(write_yaml(tmp_path / f"kill{trial}.yaml", tree))]
+        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: reached(store) or first.poll() is not None, 180, phase)
+        try:
+            first.wait(timeout=rng.uniform(0.0, 1.5))
+        except subprocess.TimeoutExpired:
+            first.send_signal(signal.SIGKILL)
+        first.wait()
+        landed.append(first.returncode == -signal.SIGKILL)
+        durable = completed(store)
+        assert subprocess.run(cmd, capture_output=True, timeout=300).returncode == 0
         _assert_exactly_once(tree, 240)
-        results.append(kills)
-    print(f"kill/resume trials: kills per trial {results}, 0 lost, 0 duplicated")
-    assert sum(results) >= 4, "the kills should land mid-run"
+        print(f"trial {trial} ({phase}): killed={landed[-1]} with {durable} rows durable")
+    assert sum(landed) >= 2, f"the kills should land mid-run: {landed}"
 
 
 def test_engine_killed_mid_run_loses_nothing(ray_cluster, s3_endpoint, tmp_path):
