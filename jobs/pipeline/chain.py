@@ -1,7 +1,7 @@
 """The job's Ray Data chain: read -> validate -> admit -> generate -> write.
 
 Each stage states the columns it reads and adds in its own module. Generation runs
-in an autoscaled pool of async actors (``concurrency=(min, max)``); Ray Data's
+in an autoscaled pool of async actors (``actor_pool(min, max)``); Ray Data's
 streaming executor keeps memory flat and back-pressures the read.
 """
 
@@ -29,6 +29,17 @@ LIGHT_CPU = 0.1
 LIGHT_TASKS = 2
 
 
+def light_tasks() -> ray.data.TaskPoolStrategy:
+    """At most LIGHT_TASKS tasks of a light map stage at once (``compute=``: Ray 2.51+
+    deprecates ``concurrency=`` on map stages; reads and writes still take it)."""
+    return ray.data.TaskPoolStrategy(size=LIGHT_TASKS)
+
+
+def actor_pool(min_actors: int, max_actors: int) -> ray.data.ActorPoolStrategy:
+    """An actor pool autoscaled between ``min_actors`` and ``max_actors``."""
+    return ray.data.ActorPoolStrategy(min_size=min_actors, max_size=max_actors)
+
+
 def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSettings,
           only: Optional[list] = None) -> ray.data.Dataset:
     """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py);
@@ -37,10 +48,10 @@ def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSetti
     ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size, only),
                                   num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
-                        num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
+                        num_cpus=LIGHT_CPU, compute=light_tasks())
     ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
                         fn_kwargs={"table": table}, num_cpus=LIGHT_CPU,
-                        concurrency=LIGHT_TASKS)
+                        compute=light_tasks())
     return generate(ds, cfg, stage)
 
 
@@ -50,7 +61,7 @@ def generate(ds: ray.data.Dataset, cfg: RunConfig, stage: StageSettings) -> ray.
     return ds.map_batches(
         GenerateRows, batch_format="pyarrow", batch_size=job.batch_size,
         fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name, stage),
-        concurrency=(job.min_actors, job.max_actors),
+        compute=actor_pool(job.min_actors, job.max_actors),
         max_concurrency=job.max_batches_per_actor, num_cpus=LIGHT_CPU)
 
 

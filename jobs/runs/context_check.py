@@ -49,7 +49,7 @@ def count(cfg: RunConfig, inputs: list[Location]) -> np.ndarray:
     ds = ds.filter(lambda row: row["reject_reason"] is None)
     ds = ds.map_batches(CountTokens, batch_format="pyarrow", batch_size=cfg.job.batch_size,
                         fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name),
-                        concurrency=(1, cfg.job.max_actors), num_cpus=pipeline.LIGHT_CPU,
+                        compute=pipeline.actor_pool(1, cfg.job.max_actors), num_cpus=pipeline.LIGHT_CPU,
                         max_concurrency=cfg.job.max_batches_per_actor)
     return np.array(ds.select_columns(["prompt_tokens"]).to_pandas()["prompt_tokens"])
 

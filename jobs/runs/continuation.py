@@ -74,7 +74,7 @@ def build(cfg: RunConfig, store: RunStore, parts: list[str], wanted: np.ndarray,
     ds = ray.data.read_parquet(parts or store.part_paths("data")[:1], filesystem=store.root.fs,
                                num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS)
     ds = ds.map_batches(_select, batch_format="pyarrow", fn_kwargs={"wanted": wanted},
-                        num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS,
+                        num_cpus=pipeline.LIGHT_CPU, compute=pipeline.light_tasks(),
                         batch_size=cfg.job.batch_size)
     return pipeline.generate(ds, cfg, stage)
 
