@@ -13,6 +13,11 @@ import subprocess
 import pytest
 import ray
 
+# matplotlib builds its font cache on its first import on a machine, running `fc-list`
+# once (a fresh CI machine has no cache). That is set-up, not the test's doing: do it
+# here, before the guard below is armed, so report tests behave alike on every machine.
+import matplotlib.font_manager  # noqa: F401,E402
+
 
 def _refuse(what: str):
     def refuse(*args, **kwargs):
