@@ -11,7 +11,6 @@ parallel threads; the upload is not what the benchmark times.
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from bench.prompts import cached_jsonl
 from jobs.config import RunConfig, StorageConfig
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA, TIMESTAMP
@@ -39,16 +39,9 @@ def messages(i: int) -> list[dict[str, str]]:
 
 def input_file(work_dir: Path, rows: int, start: int = 0) -> Path:
     """Prompts start..start+rows as JSONL (cached by name)."""
-    path = work_dir / f"scale-prompts-{start}-{rows}.jsonl"
-    if path.exists():
-        return path
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        for i in range(start, start + rows):
-            f.write(json.dumps({"id": f"s{i:09d}", "category": "chat",
-                                "messages": messages(i)}) + "\n")
-    os.replace(tmp, path)
-    return path
+    return cached_jsonl(work_dir / f"scale-prompts-{start}-{rows}.jsonl",
+                        ({"id": f"s{i:09d}", "category": "chat", "messages": messages(i)}
+                         for i in range(start, start + rows)))
 
 
 def _token_lists(rows: int, width: int, seed: int) -> pa.ListArray:

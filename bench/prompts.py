@@ -7,16 +7,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Iterable
 
 
-def prompt_file(work_dir: Path, rows: int, seed: int = 0) -> Path:
-    path = work_dir / f"prompts-{rows}-s{seed}.jsonl"
+def cached_jsonl(path: Path, rows: Iterable[dict]) -> Path:
+    """Write ``rows`` to ``path`` as JSONL once: an existing file is the cache; a
+    temporary name renamed into place means a killed writer never leaves half a file."""
     if path.exists():
         return path
-    from jobs.demo_prompts import build
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     with open(tmp, "w") as f:
-        for row in build(rows, seed):
+        for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def prompt_file(work_dir: Path, rows: int, seed: int = 0) -> Path:
+    from jobs.demo_prompts import build
+    return cached_jsonl(work_dir / f"prompts-{rows}-s{seed}.jsonl", build(rows, seed))
