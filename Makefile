@@ -9,11 +9,12 @@ export AWS_DEFAULT_REGION ?= us-east-1
 export AWS_EC2_METADATA_DISABLED := true
 export RAY_USAGE_STATS_ENABLED := 0
 export RAYGEN_S3_ENDPOINT ?= http://127.0.0.1:9330
-DEMO_ROWS ?= 2400
+DEMO_ROWS ?= 300
+DEMO_SIM_ROWS ?= 2400
 # Extra pytest options for the test targets, e.g. make test PYTEST_FLAGS=--durations=50
 PYTEST_FLAGS ?=
 
-.PHONY: setup prometheus run report test test-fast stack-up stack-down bench clean
+.PHONY: setup prometheus run run-sim test test-fast stack-up stack-down clean
 
 setup: $(VENV)/.installed
 # The project and its test extra: all the unit tier needs.
@@ -23,8 +24,8 @@ $(VENV)/.base: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 $(VENV)/.installed: $(VENV)/.base cluster/install_sglang_oracle.sh
-	# SGLang 0.5.23's own parser and CPU request path (no GPU stack) for the contract
-	# tests against SGLang (tests/contract/sglang/).
+	# SGLang 0.5.23's parser, CPU request path and real CPU engine (no GPU stack): the
+	# contract tests against SGLang's code, the real-engine tests and the demo.
 	bash cluster/install_sglang_oracle.sh $(VENV)
 	touch $@
 
@@ -41,11 +42,22 @@ stack-up: setup
 stack-down:
 	-$(PY) -m cluster.local_stack down
 
+# The demo on SGLang's real engine (CPU, a tiny sampled model built here): generate at a
+# 256-token budget, then continue the truncated rows to 512, token-exactly.
 run: stack-up
 	mkdir -p .local
+	$(PY) -m serve_apps.engines.sglang_cpu.models sampled
 	$(PY) -m jobs.demo_prompts --rows $(DEMO_ROWS) --out .local/demo_prompts.jsonl \
 	  --upload s3://raygen-demo/prompts/demo.jsonl
 	$(PY) -m jobs.generate --config jobs/configs/demo.yaml
+	$(PY) -m jobs.generate --config jobs/configs/demo.yaml --continue-truncated --max-total-tokens 512
+
+# The story-scale demo on the simulator: 2,400 prompts, ~18% cut at 4096.
+run-sim: stack-up
+	mkdir -p .local
+	$(PY) -m jobs.demo_prompts --rows $(DEMO_SIM_ROWS) --out .local/demo_sim_prompts.jsonl \
+	  --upload s3://raygen-demo/prompts/demo-sim.jsonl
+	$(PY) -m jobs.generate --config jobs/configs/demo-sim.yaml
 
 # Three tiers (tests/README.md): the pure unit tier in parallel, then contract and
 # integration on TEST_WORKERS xdist workers; each worker starts its own Ray cluster and

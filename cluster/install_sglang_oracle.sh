@@ -5,6 +5,12 @@
 # (tests/contract/sglang/test_sglang_oracle.py, test_sglang_differential.py) run that code
 # with a fake scheduler and compare raygen's client and the simulator against it.
 #
+# The same set runs SGLang's real engine on a CPU (`engine.device: cpu`: tests/integration/
+# sglang/, `make run`): with raygen's CPU shims on the engine's path (serve_apps/engines/
+# sglang_cpu/), `python -m sglang.launch_server` needs nothing more. Its server stack
+# (fastapi, uvicorn, uvloop, starlette) is the one Ray Serve installed, at Ray's versions:
+# one venv, as in the GPU image (tests/contract/sglang/test_install.py runs `pip check`).
+#
 #   cluster/install_sglang_oracle.sh [VENV]        # VENV defaults to .venv
 #
 # Idempotent: when every pin is installed it exits in about a second.

@@ -100,6 +100,14 @@ class SGLangEngineConfig(_EngineBase):
 
     kind: Literal["sglang"] = Field(description="The real SGLang server (one GPU per replica).")
     model_path: str = Field(description="HF id or local path of the model (SGLang --model-path).")
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda", description="cuda: one GPU per replica. cpu: SGLang's CPU engine, for tests and "
+        "the demo on tiny models: the launch adds --device cpu, torch_native attention and no "
+        "CUDA graphs, and the engine process (only it) gets SGLANG_USE_CPU_ENGINE=1 and "
+        "raygen's CPU shims (serve_apps/engines/sglang_cpu/); needs max_total_tokens.")
+    max_total_tokens: Optional[int] = Field(
+        None, ge=1, description="SGLang --max-total-tokens: the KV pool in tokens (default: "
+        "SGLang sizes it from GPU memory); required with device cpu.")
     chat_template: Literal["builtin", "model"] = Field(
         "model", description="model: the model tokenizer's own template via transformers on "
         "the replica (GPU nodes have it with SGLang). builtin: raygen's ChatML renderer with "
@@ -116,6 +124,15 @@ class SGLangEngineConfig(_EngineBase):
     enable_metrics: bool = Field(True, description="SGLang --enable-metrics (needed for /metrics).")
     extra_args: dict[str, ExtraArgValue] = Field(
         default_factory=dict, description="Any other SGLang flag, passed through verbatim.")
+
+    @model_validator(mode="after")
+    def _cpu_pool(self) -> "SGLangEngineConfig":
+        # On CPU SGLang would size the KV pool from host memory: a tiny model then holds
+        # gigabytes of cache.
+        if self.device == "cpu" and self.max_total_tokens is None:
+            raise ValueError("device cpu needs max_total_tokens (the KV pool in tokens, "
+                             "e.g. 65536 for the test models)")
+        return self
 
     @model_validator(mode="after")
     def _mamba_slots(self) -> "SGLangEngineConfig":

@@ -9,7 +9,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from contract.config import EngineConfig, ServeConfig, load_engine_sections
+from contract.config import EngineConfig, SGLangEngineConfig, ServeConfig, load_engine_sections
 from serve_apps.engine_deployment import EngineDeployment
 from serve_apps.engines import default_gpus
 
@@ -41,6 +41,24 @@ def deployment_options(engine: EngineConfig, cfg: ServeConfig) -> dict[str, Any]
     }
 
 
+def with_local_paths(engine: EngineConfig) -> EngineConfig:
+    """Model paths relative to this process's working directory made absolute, where
+    they exist here: a replica runs in its raylet's working directory, which need not be
+    the one the job was started in (e.g. ``.local/models/...`` in the demo)."""
+    if not isinstance(engine, SGLangEngineConfig):
+        return engine
+
+    def absolute(path: str | None) -> str | None:
+        if path and not os.path.isabs(path) and os.path.isdir(path):
+            return os.path.abspath(path)
+        return path
+    spec = engine.speculative
+    return engine.model_copy(update={
+        "model_path": absolute(engine.model_path),
+        "speculative": spec and spec.model_copy(
+            update={"draft_model_path": absolute(spec.draft_model_path)})})
+
+
 def build_app(engine: EngineConfig, cfg: ServeConfig) -> serve.Application:
     options = deployment_options(engine, cfg)
     return EngineDeployment.options(**options).bind(engine.model_dump(mode="json"))
@@ -55,6 +73,7 @@ def _running_handle(cfg: ServeConfig) -> DeploymentHandle | None:
 
 def deploy_or_attach(engine: EngineConfig, cfg: ServeConfig) -> DeploymentHandle:
     """Attach to a running app with the same engine, else (re)deploy it and wait."""
+    engine = with_local_paths(engine)
     serve.start(proxy_location="Disabled")
     if cfg.reuse_running_app:
         handle = _running_handle(cfg)
@@ -81,4 +100,4 @@ def build_app_from_env(args: dict[str, Any]) -> serve.Application:
     if not path:
         raise ValueError("build_app_from_env needs args.config or env RAYGEN_CONFIG")
     sections = load_engine_sections(path)
-    return build_app(sections.engine, sections.serve)
+    return build_app(with_local_paths(sections.engine), sections.serve)

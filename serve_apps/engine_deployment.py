@@ -29,7 +29,7 @@ from contract.protocol import GenerateRequest, GenerateResult
 from serve_apps.chat_format import model_template_renderer, render_prompt
 from serve_apps.engine_client import EngineClient, effective_running_cap
 from serve_apps.engine_process import start_engine
-from serve_apps.engines import launch_command
+from serve_apps.engines import launch_command, launch_env
 from serve_apps.generation import Generator
 from serve_apps.replica_metrics import ReplicaMetrics
 
@@ -70,7 +70,7 @@ class ProcessBackend:
     def __init__(self, cfg: EngineConfig, name: str):
         host = "127.0.0.1"
         self.process = start_engine(lambda port: launch_command(cfg, host, port), host,
-                                    cfg.start_timeout_s, name=name)
+                                    cfg.start_timeout_s, name=name, env=launch_env(cfg))
         self.client = EngineClient(self.process.base_url, cfg.request_timeout_s)
         self.url, self.pid = self.process.base_url, self.process.pid
 

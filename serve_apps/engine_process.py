@@ -77,12 +77,13 @@ def engine_port(host: str = "127.0.0.1", rng: Optional[random.Random] = None) ->
 
 
 def start_engine(command_for_port: Callable[[int], list[str]], host: str, timeout_s: float,
-                 name: str = "engine",
-                 pick_port: Callable[[], int] = engine_port) -> "EngineProcess":
-    """Start an engine and wait until healthy; on "address already in use" try a new port."""
+                 name: str = "engine", pick_port: Callable[[], int] = engine_port,
+                 env: Optional[dict[str, str]] = None) -> "EngineProcess":
+    """Start an engine and wait until healthy; on "address already in use" try a new port.
+    ``env``: variables set for the engine process on top of this one's environment."""
     for attempt in range(1, START_ATTEMPTS + 1):
         port = pick_port()
-        engine = EngineProcess(command_for_port(port), host, port, name=name)
+        engine = EngineProcess(command_for_port(port), host, port, name=name, env=env)
         engine.start()
         try:
             engine.wait_ready(timeout_s)
@@ -98,8 +99,10 @@ def start_engine(command_for_port: Callable[[int], list[str]], host: str, timeou
 
 
 class EngineProcess:
-    def __init__(self, command: list[str], host: str, port: int, name: str = "engine"):
+    def __init__(self, command: list[str], host: str, port: int, name: str = "engine",
+                 env: Optional[dict[str, str]] = None):
         self.command, self.host, self.port, self.name = command, host, port, name
+        self.env = dict(env or {})  # on top of this process's environment
         self._proc: Optional[subprocess.Popen] = None
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._relay: Optional[threading.Thread] = None
@@ -115,7 +118,8 @@ class EngineProcess:
     def start(self) -> None:
         guard = [sys.executable, "-m", "serve_apps.engine_guard",
                  "--parent-pid", str(os.getpid()), "--"]
-        logger.info("starting %s: %s", self.name, " ".join(self.command))
+        logger.info("starting %s: %s%s", self.name, "".join(
+            f"{k}={v} " for k, v in sorted(self.env.items())), " ".join(self.command))
         # The guard's parent-death signal fires when the thread that forked it exits
         # (engine_guard.py), so fork from a thread that outlives the guard: it relays the
         # output, then reaps the guard. (Serve 2.60 runs __init__ on its long-lived user
@@ -136,7 +140,8 @@ class EngineProcess:
         try:
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+                stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
+                env={**os.environ, **self.env} if self.env else None)
         except BaseException as exc:  # re-raised by start() in the caller's thread
             spawned.append(exc)
             ready.set()

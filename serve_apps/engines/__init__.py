@@ -27,6 +27,14 @@ def launch_command(cfg: EngineConfig, host: str, port: int) -> list[str]:
     return launch.build_command(settings, host, port)
 
 
+def launch_env(cfg: EngineConfig) -> dict[str, str]:
+    """Variables the engine process gets on top of its replica's environment."""
+    if isinstance(cfg, SGLangEngineConfig):
+        from serve_apps.engines import sglang
+        return sglang.engine_env(cfg)
+    return {}
+
+
 def default_gpus(cfg: EngineConfig) -> float:
     """GPUs a replica reserves unless serve.num_gpus_per_replica says otherwise."""
-    return 1 if isinstance(cfg, SGLangEngineConfig) else 0
+    return 1 if isinstance(cfg, SGLangEngineConfig) and cfg.device == "cuda" else 0

@@ -1,9 +1,10 @@
 """The real engine: ``python -m sglang.launch_server`` built from SGLangEngineConfig.
 
-Kept thin on purpose: this module only turns config into argv. Everything after the
-HTTP call is shared with the simulator (serve_apps/engine_client.py) and therefore
-tested on CPU. tests/contract/sglang/test_sglang_contract.py parses every command this can
-build with SGLang 0.5.23's own argument parser, so a renamed flag fails CI.
+Kept thin on purpose: this module only turns config into argv and the engine's extra
+environment. Everything after the HTTP call is shared with the simulator
+(serve_apps/engine_client.py). tests/contract/sglang/test_sglang_contract.py parses every
+command this can build with SGLang 0.5.23's own argument parser, so a renamed flag
+fails CI; tests/integration/sglang/ runs the CPU ones for real.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ from __future__ import annotations
 import sys
 
 from contract.config import SGLangEngineConfig
+from serve_apps.engines import sglang_cpu
+
+# SGLang's CPU engine: SDPA attention (also its own fallback without AMX,
+# srt/arg_groups/overrides.py) and no CUDA graphs (the non-deprecated spelling of
+# --disable-cuda-graph).
+CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native",
+             "--cuda-graph-backend-decode", "disabled",
+             "--cuda-graph-backend-prefill", "disabled"]
 
 
 def _flag(name: str) -> str:
@@ -31,6 +40,10 @@ def build_command(cfg: SGLangEngineConfig, host: str, port: int,
         # Always explicit: with speculative decoding SGLang silently picks 48 otherwise.
         "--max-running-requests", str(cfg.max_running_requests),
     ]
+    if cfg.device == "cpu":
+        args += CPU_FLAGS
+    if cfg.max_total_tokens is not None:
+        args += ["--max-total-tokens", str(cfg.max_total_tokens)]
     if cfg.served_model_name:
         args += ["--served-model-name", cfg.served_model_name]
     if cfg.mem_fraction_static is not None:
@@ -58,3 +71,8 @@ def build_command(cfg: SGLangEngineConfig, host: str, port: int,
         if value is not True:
             args.append(str(value))
     return args
+
+
+def engine_env(cfg: SGLangEngineConfig) -> dict[str, str]:
+    """Variables the engine process gets on top of the replica's (CPU engines only)."""
+    return sglang_cpu.engine_env() if cfg.device == "cpu" else {}

@@ -44,6 +44,7 @@ def _import_sglang() -> types.SimpleNamespace:
         pytest.fail(f"sglang {installed} is installed, the contract is {SGLANG_VERSION}. "
                     f"{INSTALL_HINT}", pytrace=False)
     saved_env = dict(os.environ)
+    from tests.contract.sglang import sglang_cpu  # noqa: F401  (torchvision hook first)
     stub = importlib.util.find_spec("triton") is None
     if stub:
         sys.modules["triton"] = types.ModuleType("triton")

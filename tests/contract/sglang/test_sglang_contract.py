@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 FIXTURES = REPO / "tests" / "fixtures" / "sglang"
 QWEN = REPO / "jobs" / "configs" / "qwen36-27b-b200.yaml"
-DEMO = REPO / "jobs" / "configs" / "demo.yaml"
+DEMO = REPO / "jobs" / "configs" / "demo.yaml"          # real SGLang, device cpu
+DEMO_SIM = REPO / "jobs" / "configs" / "demo-sim.yaml"
 HOST, PORT = "127.0.0.1", 31000
 DRAFT = "YOUR_ORG/eagle3-draft"  # EAGLE/EAGLE3 need a draft model (speculative.draft_model_path)
 
@@ -54,11 +55,12 @@ def _argv(cfg: SGLangEngineConfig) -> list[str]:
 
 
 def _shipped_engines() -> dict[str, SGLangEngineConfig]:
-    demo = load_config(str(DEMO)).engine
+    sim = load_config(str(DEMO_SIM)).engine
     return {"qwen36-27b-b200": load_config(str(QWEN)).engine,
-            # The demo's engine section as it would run on a GPU (demo-ish command).
-            "demo-as-sglang": SGLangEngineConfig(
-                **demo.model_dump(exclude={"kind", "simulator"}), kind="sglang")}
+            "demo-cpu": load_config(str(DEMO)).engine,
+            # The story demo's engine section as it would run on a GPU (demo-ish command).
+            "demo-sim-as-sglang": SGLangEngineConfig(
+                **sim.model_dump(exclude={"kind", "simulator"}), kind="sglang")}
 
 
 OPTIONAL_FIELDS: dict[str, Any] = {
@@ -111,6 +113,10 @@ def _expected_values(cfg: SGLangEngineConfig) -> dict[str, Any]:
         "reasoning_parser": cfg.reasoning_parser, "tool_call_parser": cfg.tool_call_parser,
         "enable_metrics": cfg.enable_metrics,
         "speculative_algorithm": spec.algorithm if spec else None,
+        "max_total_tokens": cfg.max_total_tokens,
+        **({"device": "cpu", "attention_backend": "torch_native",
+            "cuda_graph_backend_decode": "disabled",
+            "cuda_graph_backend_prefill": "disabled"} if cfg.device == "cpu" else {}),
         **({"speculative_num_steps": spec.num_steps, "speculative_eagle_topk": spec.eagle_topk,
             "speculative_num_draft_tokens": spec.num_draft_tokens,
             "speculative_draft_model_path": spec.draft_model_path} if spec else {}),
@@ -160,6 +166,18 @@ def test_shipped_configs_pass_prepare_server_args(sglang, sglang_parser, monkeyp
     for key, value in _expected_values(cfg).items():
         assert getattr(args, key) == value, key
     assert _check_parsed(sglang_parser, cfg, sglang_parser.parse_args(_argv(cfg))) == []
+
+
+@pytest.mark.parametrize("algorithm", [None, "NEXTN"])
+def test_cpu_launch_command_parses_with_sglangs_parser(sglang, sglang_parser, algorithm):
+    """device cpu: SGLang's own parser reads the CPU flags raygen adds (and the record
+    launch_server builds from them), with and without a speculative section."""
+    cfg = SGLangEngineConfig(kind="sglang", model_path="/models/tiny", device="cpu",
+                             max_total_tokens=65536, context_length=4096,
+                             speculative=algorithm and SpeculativeConfig(algorithm=algorithm))
+    ns = sglang_parser.parse_args(_argv(cfg))
+    assert _check_parsed(sglang_parser, cfg, ns) == []
+    sglang.server_args.ServerArgs.from_cli_args(ns)
 
 
 def test_launch_module_still_exists(sglang):

@@ -10,7 +10,8 @@ import pytest
 from jobs.config import ConfigError, RunConfig, apply_overrides, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[3]
-DEMO = REPO / "jobs" / "configs" / "demo.yaml"
+DEMO = REPO / "jobs" / "configs" / "demo.yaml"          # real SGLang on CPU
+DEMO_SIM = REPO / "jobs" / "configs" / "demo-sim.yaml"  # the story-scale simulator demo
 
 BASE = {"job": {"input": "prompts.jsonl", "output": "out", "run_name": "r1"}}
 
@@ -39,21 +40,34 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> str:
 def test_demo_yaml_loads_with_its_values():
     cfg = load_config(str(DEMO))
     assert isinstance(cfg, RunConfig)
-    assert cfg.engine.kind == "simulator"
-    assert cfg.engine.context_length == 16384
-    assert cfg.engine.speculative is not None and cfg.engine.speculative.num_steps == 3
-    assert cfg.engine.simulator.time_scale == 0.05
+    assert (cfg.engine.kind, cfg.engine.device) == ("sglang", "cpu")
+    assert cfg.engine.model_path == ".local/models/sampled"  # what `make run` builds
+    assert cfg.engine.max_total_tokens == 65536
     assert cfg.serve.autoscaling.min_replicas == 2
-    assert cfg.serve.max_ongoing_requests == 256
     assert cfg.job.input == ["s3://raygen-demo/prompts/demo.jsonl"]  # str -> list
-    assert cfg.job.max_new_tokens == 4096
+    assert cfg.job.max_new_tokens == 256
+    # the sampled model's length distribution is made for plain sampling
+    assert (cfg.job.sampling.temperature, cfg.job.sampling.top_p,
+            cfg.job.sampling.top_k) == (1.0, 1.0, -1)
     assert cfg.job.run_name == "demo"
     assert cfg.storage.endpoint_url == "http://127.0.0.1:9330"
 
 
+def test_demo_sim_yaml_loads_with_its_values():
+    cfg = load_config(str(DEMO_SIM))
+    assert cfg.engine.kind == "simulator"
+    assert cfg.engine.context_length == 16384
+    assert cfg.engine.speculative is not None and cfg.engine.speculative.num_steps == 3
+    assert cfg.engine.simulator.time_scale == 0.05
+    assert cfg.serve.max_ongoing_requests == 256
+    assert cfg.job.input == ["s3://raygen-demo/prompts/demo-sim.jsonl"]
+    assert cfg.job.max_new_tokens == 4096
+    assert (cfg.job.run_name, cfg.serve.app_name) == ("demo-sim", "raygen-demo-sim")
+
+
 def test_demo_yaml_with_overrides():
-    cfg = load_config(str(DEMO), ["job.max_new_tokens=8192", "job.run_name=demo-2"])
-    assert cfg.job.max_new_tokens == 8192
+    cfg = load_config(str(DEMO), ["job.max_new_tokens=512", "job.run_name=demo-2"])
+    assert cfg.job.max_new_tokens == 512
     assert cfg.job.run_name == "demo-2"
 
 
@@ -260,7 +274,7 @@ def test_overrides_apply_in_order():
 
 
 def test_override_null_resets_optional_section(tmp_path):
-    cfg = load_config(str(DEMO), ["engine.speculative=null", "job.input=[a.jsonl, b.jsonl]"])
+    cfg = load_config(str(DEMO_SIM), ["engine.speculative=null", "job.input=[a.jsonl, b.jsonl]"])
     assert cfg.engine.speculative is None
     assert cfg.job.input == ["a.jsonl", "b.jsonl"]
 
@@ -294,8 +308,8 @@ def test_override_bad_value_type_names_key():
 
 def test_override_triggers_cross_field_check():
     with pytest.raises(ConfigError) as info:
-        load_config(str(DEMO), ["engine.context_length=4096"])
-    assert "engine.context_length (4096)" in str(info.value)
+        load_config(str(DEMO), ["engine.context_length=256"])
+    assert "engine.context_length (256)" in str(info.value)
 
 
 # --- file-level errors ------------------------------------------------------------------

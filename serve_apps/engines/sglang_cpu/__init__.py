@@ -1,0 +1,46 @@
+"""SGLang's real engine on a CPU: what an ``engine.device: cpu`` engine needs besides flags.
+
+SGLang 0.5.23 serves a small dense model on a CPU (``--device cpu``, torch_native
+attention, no CUDA graphs, ``SGLANG_USE_CPU_ENGINE=1``) once two gaps are bridged, both
+in ``shims/`` (README.md here has the details):
+
+- ``shims/sitecustomize.py``: defines torchvision's two op schemas before torchvision
+  loads (PyPI's torchvision is a CUDA build);
+- ``shims/sgl_kernel/``: a stand-in for SGLang's CPU kernel package (no wheel exists);
+  any op it lacks raises, naming it.
+
+They reach the engine process and its children only, through PYTHONPATH
+(``engine_env``); no other raygen process imports them, and the GPU image leaves the
+folder out (.dockerignore). ``models.py`` builds the tiny test models offline.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+from pathlib import Path
+from typing import Mapping
+
+from contract.outcomes import EngineStartError
+
+SHIMS = Path(__file__).resolve().with_name("shims")
+_hooked: list[bool] = []
+
+
+def install_torchvision_hook() -> None:
+    """Run shims/sitecustomize.py in this process, once: for code that imports
+    transformers on CPU outside an engine (the model builder, SGLang's parser tests)."""
+    if not _hooked:
+        runpy.run_path(str(SHIMS / "sitecustomize.py"))
+        _hooked.append(True)
+
+
+def engine_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The variables a CPU engine process gets on top of the replica's environment."""
+    if not (SHIMS / "sitecustomize.py").is_file():
+        raise EngineStartError(
+            f"engine.device is cpu, but this install has no CPU shims ({SHIMS} is missing; "
+            f"the GPU image leaves them out on purpose). Run CPU engines from a source "
+            f"checkout (`make setup`), or set engine.device: cuda on a GPU node.")
+    path = [str(SHIMS)] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join(path)}

@@ -1,0 +1,29 @@
+"""Stand-in for ``sgl_kernel`` on a CPU SGLang engine (on its path only: see sitecustomize).
+
+SGLang 0.5.23's CPU path imports ops from ``sgl_kernel`` (its CPU build, compiled from
+sgl-kernel/csrc/cpu for AVX-512/AMX; no PyPI wheel has it: sglang-kernel 0.4.10 holds
+CUDA ops only). Serving a dense model with torch_native attention calls none of them:
+layers take their ``forward_native`` paths. So every name imports, and calling one
+raises NotImplementedError naming the op: a path that needs a real kernel fails loudly
+at its first call, never silently.
+"""
+
+__version__ = "0.0.0+raygen-cpu-stand-in"
+
+
+class MissingKernel(NotImplementedError):
+    pass
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+
+    def missing(*args, **kwargs):
+        raise MissingKernel(
+            f"sgl_kernel.{name} was called, but this CPU engine has only raygen's stand-in "
+            f"for sgl_kernel (serve_apps/engines/sglang_cpu/shims): this SGLang path needs "
+            f"a real kernel and cannot run on device cpu")
+
+    missing.__name__ = missing.__qualname__ = name
+    return missing
