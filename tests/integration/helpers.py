@@ -57,6 +57,22 @@ def run_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, run_name: st
     return tree
 
 
+def sglang_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, model_path: str,
+                  **sections: Any) -> dict:
+    """A RunConfig tree on SGLang's real CPU engine (tests/support/sglang_cpu.py): the
+    shared pool's engine and app, greedy sampling, a budget the scripted model's 38-token
+    answer fits in. ``sections`` as in run_config, but the engine section is the pool's
+    (another one would redeploy the pool)."""
+    from tests.support import sglang_cpu
+    engine = sglang_cpu.engine_section(model_path, **sections.pop("engine", {}))
+    sections["job"] = _merge({"max_new_tokens": 64, "sampling": {"temperature": 0.0}},
+                             sections.get("job", {}))
+    tree = run_config(tmp_path, s3_endpoint, rows_file=rows_file, app_name=sglang_cpu.APP,
+                      **sections)
+    tree["engine"] = engine
+    return tree
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():

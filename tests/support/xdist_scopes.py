@@ -3,7 +3,8 @@
 ``scope_of`` instead of "one scope per module".
 
 A scope runs on one worker, so a fixture its tests share starts once: every contract
-folder (its session fixtures: SGLang's stack, the simulators) and each integration
+folder and integration subfolder (its session fixtures: SGLang's stack, the simulators,
+the pool of real SGLang engines in tests/integration/sglang/) and each integration
 module listed below (one module fixture: a run, an engine, a Prometheus). Every other
 test is its own scope, so the long fault tests spread over both workers.
 
@@ -28,8 +29,8 @@ def scope_of(nodeid: str) -> str:
     """The xdist scope of a test id such as ``tests/contract/sglang/test_x.py::test_y``."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
-    if parts[:2] == ["tests", "contract"] and len(parts) > 3:
-        return "/".join(parts[:3])
+    if parts[:2] in (["tests", "contract"], ["tests", "integration"]) and len(parts) > 3:
+        return "/".join(parts[:3])  # a folder: its session fixtures (SGLang's pool) start once
     if path in MODULE_FIXTURE_MODULES:
         return path
     return nodeid

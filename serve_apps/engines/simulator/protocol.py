@@ -176,9 +176,12 @@ def _verify_ranges(sp: dict) -> None:
         ("min_new_tokens", lambda v: v >= 0, "min_new_tokens must be in [0, max_new_tokens], got {}."),
         ("max_new_tokens", lambda v: v >= 0, "max_new_tokens must be at least 0, got {}."),
     )
+    greedy = isinstance(sp.get("temperature"), (int, float)) and 0 <= sp["temperature"] < 1e-6
     for key, ok, msg in checks:
         v = sp.get(key)
-        if v is None:
+        if v is None or (key == "top_k" and greedy):
+            # SamplingParams.__post_init__: temperature below 1e-6 means greedy, so SGLang
+            # sets top_k = 1 before verify() (any top_k passes).
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RequestError(f"{key} must be a number, got {v!r}.")

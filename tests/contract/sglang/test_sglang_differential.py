@@ -183,6 +183,15 @@ def test_error_bodies_match(sglang_stack, sim, sampling):
     assert simulated == real
 
 
+@pytest.mark.parametrize("top_k", [0, -5])
+def test_greedy_sampling_ignores_top_k_in_both(sglang_stack, sim, top_k):
+    """temperature 0 is greedy: SGLang sets top_k = 1 before it checks the range
+    (SamplingParams.__post_init__), so a top_k it refuses otherwise passes."""
+    real, simulated = both(sglang_stack, sim, chat_ids(QUESTION),
+                           {"max_new_tokens": 4, "temperature": 0, "top_k": top_k})
+    assert_same_generation(real, simulated)
+
+
 def test_tokenize_matches(sglang_stack, sim):
     body = {"prompt": render_prompt([{"role": "user", "content": "é 漢 hi"}]),
             "add_special_tokens": False}

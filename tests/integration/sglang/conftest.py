@@ -1,0 +1,57 @@
+"""One pool of real SGLang engines for this folder: two Serve replicas, each
+supervising ``python -m sglang.launch_server`` on the scripted model, on SGLang's CPU
+engine (``engine.device: cpu``). The folder is one xdist scope
+(tests/support/xdist_scopes.py), so the pool starts once per `make test` (~25 s, ~2 GB
+an engine) and every test here attaches to it through the same engine section
+(tests/support/sglang_cpu.py, helpers.sglang_config). A test that kills an engine
+waits for Serve's replacement before it returns, so the pool is whole for the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from serve_apps.engines.sglang_cpu import models
+from tests.integration.helpers import deploy, engine_urls, sglang_config, write_prompts
+from tests.support import sglang_cpu
+
+REPLICAS = 2
+
+
+@dataclass(frozen=True)
+class Pool:
+    model: str  # the scripted model's folder
+
+    @property
+    def urls(self) -> list[str]:
+        """The engines' own HTTP endpoints behind the replicas, asked now (a replaced
+        replica's engine listens on a new port)."""
+        return engine_urls(sglang_cpu.APP, REPLICAS, timeout_s=120)
+
+
+@pytest.fixture(scope="session")
+def scripted_model() -> str:
+    return str(models.ensure("scripted"))
+
+
+@pytest.fixture(scope="session")
+def sglang_pool(ray_cluster, s3_endpoint, scripted_model, tmp_path_factory) -> Pool:
+    tmp = tmp_path_factory.mktemp("sglang-pool")
+    tree = sglang_config(tmp, s3_endpoint, rows_file=str(write_prompts(tmp / "p.jsonl", 1)),
+                         model_path=scripted_model)
+    deploy(tree)
+    pool = Pool(model=scripted_model)
+    assert len(pool.urls) == REPLICAS
+    return pool
+
+
+@pytest.fixture
+def real_config(sglang_pool, s3_endpoint, tmp_path):
+    """``real_config(rows_file, **sections)``: a run config tree on the pool."""
+    def make(rows_file: Path | str, **sections):
+        return sglang_config(tmp_path, s3_endpoint, rows_file=str(rows_file),
+                             model_path=sglang_pool.model, **sections)
+    return make

@@ -1,0 +1,58 @@
+"""What SGLang's real engine does below raygen's client: its radix cache, its uvicorn's
+keep-alive, and what raygen's client reads from it (the pool's engines, called directly)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from serve_apps.engine_client import KEEPALIVE_S, EngineClient
+from tests.support import sglang_cpu
+
+pytestmark = [pytest.mark.integration]
+
+
+def _generate(url: str, ids: list[int], sampling: dict, rid: str):
+    async def call():
+        client = EngineClient(url, request_timeout_s=60)
+        try:
+            return await client.generate(ids, sampling, rid)
+        finally:
+            await client.close()
+    return asyncio.run(call())
+
+
+def test_radix_cache_serves_a_repeated_prompt_but_its_last_token(sglang_pool):
+    url = sglang_pool.urls[0]
+    ids = sglang_cpu.chat_ids(f"a prompt no other test sends: {uuid.uuid4().hex}")
+    first = _generate(url, ids, {"max_new_tokens": 8, "temperature": 0}, "cache-1")
+    again = _generate(url, ids, {"max_new_tokens": 8, "temperature": 0}, "cache-2")
+    # The first time only the template's opening tokens can be cached (other prompts'
+    # "<|im_start|>user\n..."), never the unique tail.
+    assert first.cached_tokens < len(ids) - 30
+    assert again.cached_tokens == len(ids) - 1  # SGLang recomputes the last prompt token
+    assert again.output_ids == first.output_ids == sglang_cpu.OUTPUT_IDS[:8]
+
+
+def test_client_survives_uvicorn_closing_idle_connections(sglang_pool):
+    """SGLang's uvicorn closes a connection idle for 5 s; the pool must never send on it.
+    One client per idle gap, side by side."""
+    url = sglang_pool.urls[1]
+
+    async def call_idle_call(gap_s: float):
+        client = EngineClient(url, request_timeout_s=60)
+        ids = sglang_cpu.chat_ids("keep-alive")
+        try:
+            first = await client.generate(ids, {"max_new_tokens": 4}, f"ka-{gap_s}-1")
+            await asyncio.sleep(gap_s)  # longer than the server keeps an idle connection
+            return first, await client.generate(ids, {"max_new_tokens": 4}, f"ka-{gap_s}-2")
+        finally:
+            await client.close()
+
+    async def run():
+        return await asyncio.gather(*(call_idle_call(gap_s) for gap_s in (4.5, 5.2, 6.0)))
+    outs = [out for pair in asyncio.run(run()) for out in pair]
+    assert [o.finish_reason for o in outs] == ["length"] * 6
+    assert KEEPALIVE_S < 5.0

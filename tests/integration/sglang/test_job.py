@@ -1,0 +1,130 @@
+"""The job end to end through SGLang's real engine: what raygen writes is what SGLang
+decided, and with the scripted model that is known to the token.
+
+Every row of a chat prompt must hold ``abc...z`` as reasoning and ``ABCDEFGHIJ`` as the
+answer, end with EOS (``stop``, matched id 2) after 38 tokens, 27 of them reasoning by
+SGLang's own count, with prompt ids equal to raygen's rendering through the model's
+tokenizer; ``cached_tokens`` comes from SGLang's radix cache (the shared template
+prefix; test_engine.py checks its exact count). A run cut at 12 tokens and continued to 64 equals the one-shot run token for
+token. A sampling value raygen passes but SGLang refuses stops the run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from jobs.runs.run import RunError
+from serve_apps.engines.simulator import tokenizer as tk
+from tests.integration.helpers import assert_run_exact, read, run, store_of, write_prompts
+from tests.support import sglang_cpu
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROWS = 40
+BAD_LINES = ['{"id": "broken", "messages": [', '{"id": "nomsg"}']
+
+
+def _keys(n: int) -> list[str]:
+    return [f"p{i:05d}" for i in range(n)]
+
+
+def _latest(df):
+    return df.sort_values("version").groupby("key").tail(1).set_index("key").sort_index()
+
+
+@pytest.fixture(scope="module")
+def one_shot(sglang_pool, s3_endpoint, tmp_path_factory):
+    """ROWS prompts and two bad lines at the full budget (64 > the model's 38 tokens)."""
+    from tests.integration.helpers import sglang_config
+    tmp = tmp_path_factory.mktemp("sglang-job")
+    rows = write_prompts(tmp / "p.jsonl", ROWS, extra_lines=BAD_LINES)
+    tree = sglang_config(tmp, s3_endpoint, rows_file=str(rows), model_path=sglang_pool.model)
+    return tree, run(tree), rows
+
+
+def test_rows_are_what_the_real_engine_generated(one_shot):
+    tree, summary, rows = one_shot
+    assert summary.status == "succeeded"
+    assert_run_exact(tree, _keys(ROWS), BAD_LINES)
+    df = read(tree, "data")
+    assert len(df) == ROWS and df.replica.nunique() == 2, "both engines should serve rows"
+    prompts = {json.loads(line)["id"]: json.loads(line)["messages"]
+               for line in rows.read_text().splitlines() if '"content"' in line}
+    for row in df.itertuples():
+        assert list(row.output_token_ids) == sglang_cpu.OUTPUT_IDS, row.key
+        assert (row.reasoning, row.answer, row.finished_thinking) == \
+            (sglang_cpu.REASONING, sglang_cpu.ANSWER, True)
+        assert (row.finish_reason, row.matched_stop) == ("stop", str(tk.EOS_ID))
+        assert row.completion_tokens == len(sglang_cpu.OUTPUT_IDS) == 38
+        assert row.reasoning_tokens == sglang_cpu.REASONING_TOKENS   # SGLang's own count
+        assert list(row.prompt_token_ids) == \
+            sglang_cpu.chat_ids(prompts[row.id][0]["content"]), row.key
+        assert row.prompt_tokens == len(row.prompt_token_ids)
+        # The radix cache serves at most every prompt token but the last.
+        assert 0 <= row.cached_tokens <= row.prompt_tokens - 1
+        assert (row.model, row.budget_clamped_by) == (sglang_cpu.SERVED_NAME, "")
+        assert pd.isna(row.spec_verify_ct) and pd.isna(row.accept_length)  # no speculation
+    # Every prompt starts with the same template tokens: rows prefilled after an earlier
+    # one finished reuse them from the radix cache (rows prefilled in the first batches,
+    # before anything was cached, cannot: seen here, about half of them).
+    assert (df.cached_tokens > 0).any(), df.cached_tokens.describe()
+    assert summary.progress["completed"] == ROWS
+    assert summary.progress["output_tokens"] == 38 * ROWS
+
+
+def test_stop_string_ends_the_row_where_sglang_matched_it(real_config, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 8)
+    tree = real_config(rows, job={"sampling": {"temperature": 0.0, "stop": ["E"]}})
+    assert run(tree).status == "succeeded"
+    df = read(tree, "data")
+    assert set(df.answer) == {"ABCD"} and set(df.matched_stop) == {"E"}
+    assert set(df.finish_reason) == {"stop"}
+    # the matched string is generated (its id is kept) but trimmed from the text
+    assert set(df.completion_tokens) == {len(sglang_cpu.REASONING) + 1 + 5}
+    assert all(list(ids)[-1] == tk.BYTE_BASE + ord("E") for ids in df.output_token_ids)
+
+
+def test_continued_rows_equal_the_one_shot_run(one_shot, real_config):
+    tree_full, _, rows = one_shot
+    cut = real_config(rows, job={"max_new_tokens": 12})
+    first = run(cut)
+    assert first.progress["truncated"] == ROWS
+    before = read(cut, "data")
+    assert set(before.reasoning) == {sglang_cpu.REASONING[:12]}
+    assert not before.finished_thinking.any() and set(before.finish_reason) == {"length"}
+
+    summary = run(cut, continue_truncated=True, max_total_tokens=64)
+    assert summary.status == "succeeded"
+    cont, full = _latest(read(cut, "data")), _latest(read(tree_full, "data"))
+    assert list(cont.index) == list(full.index) == _keys(ROWS)
+    for key in full.index:
+        assert list(cont.at[key, "output_token_ids"]) == list(full.at[key, "output_token_ids"])
+        assert list(cont.at[key, "prompt_token_ids"]) == list(full.at[key, "prompt_token_ids"])
+        for column in ("reasoning", "answer", "finish_reason", "matched_stop",
+                       "completion_tokens", "reasoning_tokens"):
+            assert cont.at[key, column] == full.at[key, column], (key, column)
+    assert all(list(h) == [12, 64] for h in cont.budget_history)
+    # The continuation resent prompt + output as ids: SGLang's radix cache still held
+    # most of them (the 12 generated tokens and the prompt), on whichever engine.
+    assert (cont.cached_tokens > 0).all()
+
+
+def test_a_sampling_value_sglang_refuses_stops_the_run(real_config, tmp_path):
+    """top_k 0 passes raygen's config but SGLang answers 400 to every row: the breaker
+    stops the run as misconfigured instead of writing a dataset of failures. (At
+    temperature 0 SGLang accepts top_k 0: greedy sampling replaces it before the check;
+    test_differential.py holds the simulator to the same.)"""
+    rows = write_prompts(tmp_path / "p.jsonl", 30)
+    tree = real_config(rows, job={"sampling": {"temperature": 0.6, "top_k": 0},
+                                  "breaker": {"window_rows": 20, "min_rows": 10}})
+    with pytest.raises(RunError) as info:
+        run(tree)
+    message = str(info.value)
+    # SGLang's own words reach the user, with the error class
+    assert "bad_request" in message and "top_k must be -1" in message, message
+    assert store_of(tree).read_json("progress.json")["status"] == "failed"
+    assert read(tree, "data").empty
+    assert set(read(tree, "failures").error_class) <= {"bad_request"}

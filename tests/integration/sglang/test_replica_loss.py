@@ -1,0 +1,91 @@
+"""A real SGLang engine SIGKILLed mid-run: what its death looks like, and that the run
+loses nothing. (Last in this folder by name: it leaves the pool whole again, but only
+after Serve's replacement engine has started, ~25 s.)
+
+``kill -9`` of SGLang's server process (not its group): its scheduler and detokenizer
+must not outlive it (a leaked scheduler holds a GPU's memory on a real node), the guard
+must exit, Serve must replace the replica once (a new engine, not a restart loop), and
+the run must complete exactly: every row once, no failures.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+from ray import serve
+
+from tests.integration.helpers import assert_run_exact, read, run, store_of, write_prompts
+from tests.support import sglang_cpu
+from tests.support.engines import group_pids
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROWS = 160
+RETRIED_ON_ENGINE_DEATH = {"engine_unavailable", "engine_dead", "replica_unavailable",
+                           "deployment_unavailable", "engine_5xx"}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_engine_sigkilled_mid_run_is_replaced_and_nothing_is_lost(real_config, sglang_pool,
+                                                                  tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", ROWS)
+    # ignore_eos: every row runs to its budget, so the run lasts long enough to be hit.
+    tree = real_config(rows, job={"max_new_tokens": 160,
+                                  "sampling": {"temperature": 0.0, "ignore_eos": True},
+                                  "retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
+                                              "backoff_max_s": 3}})
+    handle = serve.get_app_handle(sglang_cpu.APP)
+    before = {handle.info.remote().result()["replica"] for _ in range(8)}
+    store = store_of(tree)
+    seen: dict = {}
+
+    def kill_one_engine():  # once rows are durable: mid-run
+        seen["completed"] = wait_until(
+            lambda: (store.read_json("progress.json") or {}).get("completed", 0), 180,
+            "the first durable rows")
+        info = handle.info.remote().result()
+        guard = info["engine_pid"]             # engine_guard leads the engine's group
+        server = _children(guard)[0]           # python -m sglang.launch_server
+        seen.update(guard=guard, group=group_pids(guard), replica=info["replica"])
+        os.kill(server, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_one_engine)
+    killer.start()
+    summary = run(tree)
+    killer.join()
+    assert 0 < seen["completed"] < ROWS, "the kill must land mid-run"
+    assert len(seen["group"]) >= 3, seen  # guard, server, scheduler, detokenizer, ...
+    # SGLang's own processes die with their server; the guard exits too.
+    wait_until(lambda: not group_pids(seen["guard"]), 60,
+               f"no process left of the killed engine's group {seen['group']}")
+
+    assert summary.status == "succeeded"
+    assert_run_exact(tree, [f"p{i:05d}" for i in range(ROWS)])
+    assert read(tree, "failures").empty
+    df = read(tree, "data")
+    assert (df.completion_tokens == 160).all()
+    # The rows in flight on the dead engine were retried: what SGLang's death looked like
+    # to them (connection refused or reset, the replica gone).
+    retried = df[df.attempts > 1]
+    classes = {c for row in retried.retry_classes for c in row}
+    assert len(retried) > 0 and classes <= RETRIED_ON_ENGINE_DEATH, classes
+
+    # Serve replaced the replica once: the pool is two healthy engines again, one new.
+    def two_replicas():
+        ids = {handle.info.remote().result()["replica"] for _ in range(8)}
+        return ids if len(ids) == 2 else None
+    after = wait_until(two_replicas, 240, "two replicas again")
+    assert seen["replica"] in before and seen["replica"] not in after
+    assert len(after & before) == 1
+    assert len(sglang_pool.urls) == 2
