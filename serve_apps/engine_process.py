@@ -27,7 +27,10 @@ from typing import Callable, Optional
 
 from contract.outcomes import EngineStartError
 
-logger = logging.getLogger("raygen.engine")
+# Under "ray.serve": in a Serve replica only that logger's handlers write to the
+# replica's log file (logs/serve/replica_*.log, the dashboard's Serve tab); records of
+# other loggers were dropped, the engine's own output with them.
+logger = logging.getLogger("ray.serve.engine")
 
 _TAIL_LINES = 80
 

@@ -33,40 +33,34 @@ series, so a run that fits into one report leaves rate-based signals without dat
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pandas as pd
 import pytest
 import yaml
 
-from dashboards import alerts, build, panels
+from dashboards import alerts, build
 from dashboards import metrics_catalog as mc
 from dashboards import promql as q
-from serve_apps.engine_process import free_port
 from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import CLEAR_FAULTS, engine_urls, read, run, set_faults, write_yaml
+from tests.support.prometheus import (INTERVAL_S, Prom, PromError, panel_targets, running_prometheus,
+                                      session_dir, substitute, wait_for)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-REPO_PROM_CONFIG = REPO / "cluster" / "prometheus" / "prometheus.yml"
-SD_FILE = "prom_metrics_service_discovery.json"
 APP = "raygen-test"  # the app run_config deploys; shared with the other integration tests
 MODEL = "sim-test"  # run_config's engine.model_path (model_name defaults to it)
-INTERVAL_S = 1  # rule evaluation interval of the test Prometheus (scrapes: the repo config's)
 BAD_LINES = ['{"id": "broken", "messages": [', '{"id": "nomsg"}']
 FINAL_WAIT_S = 60  # bound for "the final values are scraped" (Ray reports every ~10 s)
 CATEGORY_LIMIT = 2  # the counted run's metrics_category_limit (its prompts have 4 categories)
@@ -78,135 +72,10 @@ SLOW_FACTOR = 80.0  # engine slowdown: a median completion takes ~3.6 s instead 
 COUNTED_SLOW_FACTOR = 2 * SLOW_FACTOR
 
 
-# --- Prometheus --------------------------------------------------------------------
-
-class PromError(AssertionError):
-    pass
-
-
-@dataclass
-class Prom:
-    url: str
-    proc: subprocess.Popen
-    log: Path
-    started: float
-
-    def api(self, path: str, **params: Any) -> Any:
-        url = f"{self.url}/api/v1/{path}"
-        if params:
-            url += "?" + urllib.parse.urlencode(params, doseq=True)
-        try:
-            with urllib.request.urlopen(url, timeout=30) as resp:
-                body = json.load(resp)
-        except urllib.error.HTTPError as exc:  # 400/422 carry the PromQL error as JSON
-            body = json.loads(exc.read() or b"{}")
-        if body.get("status") != "success":
-            raise PromError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
-
-    def query(self, expr: str, at: Optional[float] = None) -> list[dict]:
-        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
-        data = self.api("query", **params)
-        if data["resultType"] == "scalar":
-            return [{"metric": {}, "value": data["result"]}]
-        return data["result"]
-
-    def query_range(self, expr: str, start: float, end: float, step: float = INTERVAL_S) -> list[dict]:
-        return self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
-                        step=str(step))["result"]
-
-    def value(self, expr: str, at: Optional[float] = None) -> Optional[float]:
-        """The single value of an aggregated expression, None when it has no series."""
-        result = self.query(expr, at)
-        assert len(result) <= 1, f"{expr} returned {len(result)} series"
-        return float(result[0]["value"][1]) if result else None
-
-
-def _session_dir() -> Path:
-    import ray
-    return Path(ray._private.worker.global_worker.node.get_session_dir_path())
-
-
-def prometheus_config(sd_file: Path) -> dict:
-    """cluster/prometheus/prometheus.yml, pointed at this session's file-SD list and the
-    rules file by absolute path, evaluating rules every second.
-
-    The scrape interval and timeout stay the repo's (10 s each). This test used to
-    scrape every 1 s with a 1 s timeout and failed when it ran after other integration
-    tests: the node's metrics page keeps every Ray Data dataset's histograms and every
-    Serve deployment's series of all earlier tests in this session's cluster (5 MB,
-    6-11 s to fetch on the loaded 2-core machine after test_exactly_once), so every
-    scrape timed out and `up` stayed 0; alone or first, the page is small and fast.
-    """
-    cfg = yaml.safe_load(REPO_PROM_CONFIG.read_text())
-    # The repo config must load the real rules file (its path is relative to the config).
-    (rules,) = cfg["rule_files"]
-    assert (REPO_PROM_CONFIG.parent / rules).resolve() == build.RULES_YML
-    (job,) = cfg["scrape_configs"]
-    (sd,) = job["file_sd_configs"]
-    assert sd["files"] == [f"/tmp/ray/{SD_FILE}"], sd
-    cfg["global"].update(evaluation_interval=f"{INTERVAL_S}s")
-    cfg["rule_files"] = [str(build.RULES_YML)]
-    # This session's own file, not the /tmp/ray symlink: other Ray clusters on the
-    # machine (other engineers' tests) keep re-pointing that symlink at themselves.
-    sd.update(files=[str(sd_file)], refresh_interval="2s")
-    return cfg
-
-
-def _wait(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last_exc: Optional[BaseException] = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except (OSError, PromError) as exc:
-            last_exc = exc
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last_exc})")
-
-
 @pytest.fixture(scope="module")
 def prometheus(ray_cluster, tmp_path_factory):
-    assert subprocess.run(["which", "prometheus"], capture_output=True).returncode == 0, \
-        "prometheus not on PATH (apt-get install prometheus)"
-    sd_file = _session_dir() / SD_FILE
-    _wait(f"Ray to write {sd_file}", sd_file.exists, 30)
-    work = tmp_path_factory.mktemp("prometheus")
-    config = work / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(sd_file), sort_keys=False))
-    check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    port = free_port()
-    log = work / "prometheus.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    prom = Prom(f"http://127.0.0.1:{port}", proc, log, time.time())
-    try:
-        def ready():
-            assert proc.poll() is None, f"prometheus exited: {log.read_text()[-2000:]}"
-            with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
-                return resp.status == 200
-        _wait("prometheus to be ready", ready, 30)
-        try:
-            _wait("Ray's metrics endpoints to be scraped",
-                  lambda: prom.query('up{job="ray"} == 1') and prom.query("ray_node_cpu_count"), 180)
-        except AssertionError as exc:  # say why: the targets' last scrape errors and durations
-            targets = [(t["scrapeUrl"], t["health"], t["lastError"], t["lastScrapeDuration"])
-                       for t in prom.api("targets")["activeTargets"]]
-            raise AssertionError(f"{exc}; targets: {targets}; SD file: {sd_file.read_text()}") from None
+    with running_prometheus(tmp_path_factory.mktemp("prometheus")) as prom:
         yield prom
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # --- the runs ------------------------------------------------------------------------
@@ -312,7 +181,7 @@ def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
         def crash_seen_running() -> bool:
             assert crash.poll() is None, (tmp / "crash-driver.log").read_text()[-3000:]
             return prom.value(f"max({running})") == 1
-        _wait("the crash driver's job_running=1 in Prometheus", crash_seen_running, 60)
+        wait_for("the crash driver's job_running=1 in Prometheus", crash_seen_running, 60)
     finally:
         if crash.poll() is None:
             crash.send_signal(signal.SIGKILL)
@@ -342,7 +211,7 @@ def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
         "rows_done": (f"max({lv.sel(mc.JOB_ROWS_DONE.prom_name, 'counted')})", len(data)),
         "job_running=0": (f"max({lv.sel(mc.JOB_RUNNING.prom_name, 'counted')})", 0),
     }
-    _wait(f"the counted run's final values in Prometheus {final}",
+    wait_for(f"the counted run's final values in Prometheus {final}",
           lambda: all(prom.value(expr) == want for expr, want in final.values()), FINAL_WAIT_S,
           every_s=INTERVAL_S)
     lv.t_eval = time.time()
@@ -350,7 +219,7 @@ def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
     lv.phases["final values"] = lv.t_eval - t0
     # The killed driver's gauges are gone by now or soon: RaygenJobDriverGone goes pending.
     gone = f'ALERTS{{alertname="RaygenJobDriverGone", run="{runs["crash"]}"}}'
-    _wait("RaygenJobDriverGone for the killed driver", lambda: prom.query(gone), FINAL_WAIT_S,
+    wait_for("RaygenJobDriverGone for the killed driver", lambda: prom.query(gone), FINAL_WAIT_S,
           every_s=INTERVAL_S)
     lv.t_end = time.time()
     lv.phases["driver-gone alert"] = lv.t_end - t0
@@ -361,22 +230,6 @@ def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
 
 # --- 1. dashboard panels ------------------------------------------------------------
 
-def _substitute(expr: str, values: dict[str, str]) -> str:
-    for name in sorted(values, key=len, reverse=True):
-        expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
-    assert "$" not in expr, f"unsubstituted variable in {expr}"
-    return expr
-
-
-def _panel_targets() -> list[tuple[str, str]]:
-    dashboard, _ = panels.build()
-    out = []
-    for p in dashboard["panels"]:
-        for t in p.get("targets", []):
-            out.append((f"{p['title']} [{t['refId']}]", t["expr"]))
-    return out
-
-
 def test_generated_files_are_current():
     # The rules Prometheus loads and the dashboard JSON are what the generator produces.
     assert build.stale_files() == [], "run `python -m dashboards.build`"
@@ -386,12 +239,12 @@ def test_every_panel_target_returns_data(live):
     run_regex = "(" + "|".join(live.runs.values()) + ")"  # Grafana's multi-value format
     values = {"run": run_regex, "model": MODEL, "datasource": "unused",
               "__rate_interval": live.window, "__interval": f"{INTERVAL_S}s"}
-    targets = _panel_targets()
+    targets = panel_targets()
     assert len(targets) > 20
     empty, errors = [], []
     for title, expr in targets:
         try:
-            if not live.prom.query(_substitute(expr, values), live.t_eval):
+            if not live.prom.query(substitute(expr, values), live.t_eval):
                 empty.append(title)
         except PromError as exc:
             errors.append(f"{title}: {exc}")
@@ -556,10 +409,10 @@ def test_ray_provisions_raygens_dashboard_next_to_its_own(ray_cluster):
     (tests/integration/conftest.py): Ray writes its dashboards into that folder, keeps
     raygen's, and points its Grafana provisioning at it (see dashboards/README.md)."""
     folder = Path(os.environ["RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR"])
-    provisioning = _session_dir() / "metrics" / "grafana" / "provisioning" / "dashboards" / "default.yml"
+    provisioning = session_dir() / "metrics" / "grafana" / "provisioning" / "dashboards" / "default.yml"
     rays = {"default_grafana_dashboard.json", "data_grafana_dashboard.json"}
     # The dashboard process writes them when its metrics module starts.
-    _wait("Ray's dashboards and provisioning", lambda: provisioning.exists() and rays <= {
+    wait_for("Ray's dashboards and provisioning", lambda: provisioning.exists() and rays <= {
         p.name for p in folder.iterdir()}, 60)
     assert (folder / build.DASHBOARD_JSON.name).read_text() == build.DASHBOARD_JSON.read_text()
     provider = yaml.safe_load(provisioning.read_text())

@@ -42,12 +42,14 @@ def http(base: str, path: str, body: Any = None, *, timeout: float = 30.0, metho
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {"name{labels}": value} (comments dropped)."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
+    """Prometheus text -> {sample name: value}, summed over label sets (a simulator has
+    one per name; histogram buckets are keyed by their le)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name + (f'{{le="{sample.labels["le"]}"}}' if "le" in sample.labels else "")
+            out[name] = out.get(name, 0.0) + sample.value
     return out
 
 

@@ -8,7 +8,11 @@ Design decisions:
   of mirroring every change into Gauge/Counter objects: the values exist in
   one place only. CounterMetricFamily("sglang:generation_tokens") exports
   "sglang:generation_tokens_total", exactly as a prometheus_client Counter.
-- Every sample carries a model_name label, as SGLang's do.
+- Every sample carries the labels SGLang 0.5.23's engine gives it (seen on the real
+  engine: tests/integration/sglang/test_differential.py): scheduler gauges
+  model_name, engine_type and the tp/pp/moe-ep ranks (num_retracted_reqs also the
+  scheduler's pid); request counters and the TTFT histogram model_name, engine_type and
+  is_streaming; the inter-token latency histogram model_name and engine_type.
 - sglang:sim_capacity_tok_s is simulator-only: max_decode_tok_s per wall
   second; 0 in zero-latency mode (capacity is unbounded there).
 - RequestMetrics: SGLang's per-request series raygen's dashboard reads. TTFT is
@@ -20,9 +24,10 @@ Design decisions:
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -43,31 +48,44 @@ COUNTERS = (
 )
 
 
+# Label values of a single-GPU engine (no tensor/pipeline/expert parallelism), not streamed.
+SCHEDULER_LABELS = {"engine_type": "unified", "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
+REQUEST_LABELS = {"engine_type": "unified", "is_streaming": "false"}
+
+
+def _labels(model_name: str, extra: dict[str, str]) -> dict[str, str]:
+    return dict(sorted({"model_name": model_name, **extra}.items()))
+
+
 class SimulatorCollector(Collector):
     def __init__(self, model_name: str, stats: Callable[[], SchedulerStats]) -> None:
-        self._model_name = model_name
+        self._gauge_labels = _labels(model_name, SCHEDULER_LABELS)
+        self._counter_labels = _labels(model_name, REQUEST_LABELS)
         self._stats = stats
 
     def describe(self) -> Iterable[Metric]:
         # Without describe(), registering would call collect() outside the event loop.
         for name, doc, _ in GAUGES:
-            yield GaugeMetricFamily(name, doc, labels=["model_name"])
+            yield GaugeMetricFamily(name, doc, labels=list(self._gauge_labels))
         for name, doc, _ in COUNTERS:
-            yield CounterMetricFamily(name, doc, labels=["model_name"])
+            yield CounterMetricFamily(name, doc, labels=list(self._counter_labels))
 
     def collect(self) -> Iterable[Metric]:
         s = self._stats()
         for name, doc, attr in GAUGES:
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
-            g.add_metric([self._model_name], float(getattr(s, attr)))
+            g = GaugeMetricFamily(name, doc, labels=list(self._gauge_labels))
+            g.add_metric(list(self._gauge_labels.values()), float(getattr(s, attr)))
             yield g
         for name, doc, attr in COUNTERS:
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
-            c.add_metric([self._model_name], float(getattr(s, attr)))
+            c = CounterMetricFamily(name, doc, labels=list(self._counter_labels))
+            c.add_metric(list(self._counter_labels.values()), float(getattr(s, attr)))
             yield c
 
 
 def build_registry(model_name: str, stats: Callable[[], SchedulerStats]) -> CollectorRegistry:
+    # SGLang's multiprocess collector exports no *_created samples; neither do we (this
+    # is the simulator's own process).
+    disable_created_metrics()
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SimulatorCollector(model_name, stats))
     return registry
@@ -81,17 +99,18 @@ class RequestMetrics:
     """Per-request SGLang series (names and model_name label as SGLang's)."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry) -> None:
-        self._labels = {"model_name": model_name}
+        def make(cls, name: str, doc: str, labels: dict[str, str], **kw):
+            return cls(name, doc, list(labels), registry=registry, **kw).labels(**labels)
 
-        def make(cls, name: str, doc: str, **kw):
-            return cls(name, doc, ["model_name"], registry=registry, **kw).labels(**self._labels)
-
+        request = _labels(model_name, REQUEST_LABELS)
+        scheduler = _labels(model_name, SCHEDULER_LABELS)
         self.ttft = make(Histogram, "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         buckets=LATENCY_BUCKETS_S)
+                         request, buckets=LATENCY_BUCKETS_S)
         self.itl = make(Histogram, "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                        buckets=LATENCY_BUCKETS_S)
-        self.cache_hit_rate = make(Gauge, "sglang:cache_hit_rate", "The prefix cache hit rate.")
-        self.retracted = make(Gauge, "sglang:num_retracted_reqs", "The number of retracted requests.")
+                        _labels(model_name, {"engine_type": "unified"}), buckets=LATENCY_BUCKETS_S)
+        self.cache_hit_rate = make(Gauge, "sglang:cache_hit_rate", "The prefix cache hit rate.", scheduler)
+        self.retracted = make(Gauge, "sglang:num_retracted_reqs", "The number of retracted requests.",
+                              _labels(model_name, {**SCHEDULER_LABELS, "pid": str(os.getpid())}))
         self.retracted.set(0)
         self._input = self._cached = 0
 

@@ -26,6 +26,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 RETIRE_SLACK_WALL_S = 1e-4
 THROUGHPUT_WINDOW_S = 5.0  # wall seconds over which gen_throughput is averaged
@@ -44,6 +45,12 @@ class _Job:
     decoded: float = 0.0
     reported: int = 0  # decoded tokens already added to the integer counter
     first_token_at: float | None = None  # wall (monotonic) time prefill ended: TTFT for /metrics
+    on_prefilled: Callable[[], None] | None = field(default=None, repr=False)
+
+    def prefilled(self, at: float) -> None:
+        self.first_token_at = at
+        if self.on_prefilled is not None:
+            self.on_prefilled()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,20 +98,26 @@ class Scheduler:
 
     # ---- public ---------------------------------------------------------
     async def run(
-        self, prompt_tokens: int, compute_tokens: int, completion_tokens: int, *, slow_factor: float = 1.0, verify_steps: int = 0
+        self, prompt_tokens: int, compute_tokens: int, completion_tokens: int, *, slow_factor: float = 1.0, verify_steps: int = 0,
+        on_prefilled: Callable[[], None] | None = None,
     ) -> float:
         """Wait (in wall time) until the request has been scheduled, prefilled and decoded.
+        ``on_prefilled`` runs when its prefill ends (the server caches the prompt then, as
+        SGLang's radix cache does).
 
         Returns the wall (monotonic) time its first token was ready (end of prefill)."""
         loop = asyncio.get_running_loop()
         if self.time_scale == 0:
+            if on_prefilled is not None:
+                on_prefilled()
             self._advance(time.monotonic())
             self.prompt_tokens_total += prompt_tokens
             self._gen_cum += completion_tokens
             self._record_sample(time.monotonic())
             self._complete_counts(completion_tokens, verify_steps)
             return time.monotonic()
-        job = _Job(prompt_tokens, compute_tokens / self.prefill_tok_s, completion_tokens, slow_factor, verify_steps, loop.create_future())
+        job = _Job(prompt_tokens, compute_tokens / self.prefill_tok_s, completion_tokens, slow_factor, verify_steps,
+                   loop.create_future(), on_prefilled=on_prefilled)
         self._advance(time.monotonic())
         self._queue.append(job)
         self._kick()
@@ -177,7 +190,7 @@ class Scheduler:
                     job.prefill_left_s -= d
                     continue
                 d -= job.prefill_left_s
-                job.first_token_at = last + job.prefill_left_s * self.time_scale
+                job.prefilled(last + job.prefill_left_s * self.time_scale)
                 job.prefill_left_s = 0.0
             inc = min(job.total_tokens - job.decoded, rate / job.slow_factor * d)
             job.decoded += inc
@@ -212,7 +225,7 @@ class Scheduler:
                 continue
             self.prompt_tokens_total += job.prompt_tokens
             if job.prefill_left_s <= 0:  # fully cached prompt: decoding starts at admission
-                job.first_token_at = time.monotonic()
+                job.prefilled(time.monotonic())
             self._running.append(job)
 
     def _next_completion_wall_s(self) -> float | None:

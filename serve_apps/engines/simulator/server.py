@@ -121,8 +121,9 @@ class Simulator:
             no_stop_trim=req.no_stop_trim,
         )
         n_in, n_out = len(req.input_ids), len(gen.output_ids)
+        # Like SGLang's radix cache: a prompt can be reused once its prefill is done, so
+        # requests prefilled together share nothing (seen on the real engine).
         cached = self.cache.match(req.input_ids)
-        self.cache.insert(req.input_ids)
         spec = model.spec_fields(n_out, gen.plan.accept_length, self.settings.speculative_num_draft_tokens)
         first_token_at = await self.scheduler.run(
             n_in,
@@ -130,16 +131,25 @@ class Simulator:
             n_out,
             slow_factor=self.settings.slow_factor if slow else 1.0,
             verify_steps=int(spec.get("spec_verify_ct", 0)),
+            on_prefilled=lambda: self.cache.insert(req.input_ids),
         )
-        self.request_metrics.observe(arrival, first_token_at, time.monotonic(), n_in, cached, n_out)
+        done = time.monotonic()
+        self.request_metrics.observe(arrival, first_token_at, done, n_in, cached, n_out)
         self.cache.insert(req.input_ids + gen.output_ids)  # finished requests leave prompt+output cached
-        # The keys (and order) of TokenizerManager's meta_info for a finished request.
+        # The keys (and order) of meta_info for a finished request, as SGLang 0.5.23's
+        # engine sends them with --enable-metrics (tests/integration/sglang/test_differential.py).
+        wall = received_ts - arrival  # monotonic -> wall clock
         meta: dict[str, Any] = {
             "id": req.rid,
             "finish_reason": gen.finish_reason,
             "prompt_tokens": n_in,
             "weight_version": "default",
             "num_retractions": 0,
+            # The scheduler's own timings (no storage tier: no waits).
+            "storage_prefetch_wait": 0.0,
+            "storage_staging_wait": 0.0,
+            "forward_entry_time": received_ts,
+            "prefill_finished_time": first_token_at + wall,
             "queue_time": 0.0,
             # Counted only on request (require_reasoning): batch_result_processor._maybe_update_reasoning_tokens.
             "reasoning_tokens": gen.reasoning_tokens if req.require_reasoning else 0,
@@ -158,6 +168,7 @@ class Simulator:
             first_token_latency=meta["e2e_latency"],
             api_server_dispatch_finish_ts=received_ts,
             request_finished_ts=finished_ts,
+            decode_throughput=(n_out - 1) / max(done - first_token_at, 1e-9) if n_out > 1 else 0.0,
             response_sent_to_client_ts=finished_ts,
         )
         return web.json_response({"text": gen.text, "output_ids": gen.output_ids, "meta_info": meta})

@@ -38,6 +38,10 @@ REPO = Path(__file__).resolve().parents[3]
 VOLATILE = {"id", "e2e_latency", "first_token_latency", "request_received_ts",
             "api_server_dispatch_finish_ts", "request_finished_ts",
             "response_sent_to_client_ts", "queue_time", "cached_tokens"}
+# Timings SGLang's real scheduler adds under --enable-metrics (the simulator sends them
+# too: tests/integration/sglang/test_differential.py); the fake one sets none.
+SCHEDULER_TIMINGS = {"storage_prefetch_wait", "storage_staging_wait", "forward_entry_time",
+                     "prefill_finished_time", "decode_throughput"}
 PARAMS = sim_model.LengthParams(median_tokens=ORACLE_MEDIAN_TOKENS, sigma=ORACLE_SIGMA,
                                 accept_length=0.0)
 
@@ -85,7 +89,8 @@ def assert_same_generation(real: tuple[int, Any], simulated: tuple[int, Any]) ->
     assert rs == ss == 200, (real, simulated)
     assert sb["output_ids"] == rb["output_ids"]
     assert sb["text"] == rb["text"]
-    rm, sm = rb["meta_info"], sb["meta_info"]
+    rm, sm = rb["meta_info"], {k: v for k, v in sb["meta_info"].items()
+                               if k not in SCHEDULER_TIMINGS}
     assert set(sm) == set(rm), f"keys only in SGLang: {set(rm) - set(sm)}; only in sim: {set(sm) - set(rm)}"
     assert {k: v for k, v in sm.items() if k not in VOLATILE} == \
         {k: v for k, v in rm.items() if k not in VOLATILE}

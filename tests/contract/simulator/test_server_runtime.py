@@ -11,7 +11,6 @@ import pytest
 from serve_apps.engines.simulator import tokenizer as tk
 from tests.support.waiting import wait_until
 
-LABEL = '{model_name="sim-qwen"}'
 
 
 def test_continuous_batching_limits_running_and_queues(sim_factory):
@@ -30,8 +29,8 @@ def test_continuous_batching_limits_running_and_queues(sim_factory):
     running, queued = [], []
     while any(t.is_alive() for t in threads):
         mtr = sim.metrics()
-        running.append(mtr["sglang:num_running_reqs" + LABEL])
-        queued.append(mtr["sglang:num_queue_reqs" + LABEL])
+        running.append(mtr["sglang:num_running_reqs"])
+        queued.append(mtr["sglang:num_queue_reqs"])
         time.sleep(0.03)
     for t in threads:
         t.join()
@@ -45,10 +44,10 @@ def test_continuous_batching_limits_running_and_queues(sim_factory):
     assert latencies[-1] >= 1.2 - stagger - 0.05 and latencies[0] >= 0.4 - 0.01
     assert all("spec_verify_ct" not in body["meta_info"] for _, body in results)  # accept_length 0: spec off
     final = sim.metrics()
-    assert final["sglang:num_running_reqs" + LABEL] == 0 and final["sglang:num_queue_reqs" + LABEL] == 0
-    assert final["sglang:generation_tokens_total" + LABEL] == 600
-    assert final["sglang:sim_capacity_tok_s" + LABEL] == pytest.approx(3500 / 0.4)
-    assert final["sglang:gen_throughput" + LABEL] > 0
+    assert final["sglang:num_running_reqs"] == 0 and final["sglang:num_queue_reqs"] == 0
+    assert final["sglang:generation_tokens_total"] == 600
+    assert final["sglang:sim_capacity_tok_s"] == pytest.approx(3500 / 0.4)
+    assert final["sglang:gen_throughput"] > 0
 
 
 def test_latency_follows_decode_speed_and_prefill(sim_factory):
@@ -63,13 +62,13 @@ def test_latency_follows_decode_speed_and_prefill(sim_factory):
     assert body["meta_info"]["cached_tokens"] == 992  # whole 16-token blocks of the 1000-token prompt
     # SGLang's per-request series (relayed by raygen's replicas to its dashboard).
     m = sim.metrics()
-    assert m["sglang:time_to_first_token_seconds_count" + LABEL] == 2
-    assert m["sglang:inter_token_latency_seconds_count" + LABEL] == 2
+    assert m["sglang:time_to_first_token_seconds_count"] == 2
+    assert m["sglang:inter_token_latency_seconds_count"] == 2
     # First request: 1 sim s of prefill = 5 ms wall; decode 20 sim s = 0.1 s over 1999 intervals.
-    assert m["sglang:time_to_first_token_seconds_sum" + LABEL] >= 0.005 - 1e-4
-    assert m["sglang:inter_token_latency_seconds_sum" + LABEL] >= 0.1 / 1999 - 1e-6
-    assert m["sglang:cache_hit_rate" + LABEL] == pytest.approx(992 / 2000)
-    assert m["sglang:num_retracted_reqs" + LABEL] == 0
+    assert m["sglang:time_to_first_token_seconds_sum"] >= 0.005 - 1e-4
+    assert m["sglang:inter_token_latency_seconds_sum"] >= 0.1 / 1999 - 1e-6
+    assert m["sglang:cache_hit_rate"] == pytest.approx(992 / 2000)
+    assert m["sglang:num_retracted_reqs"] == 0
 
 
 def test_zero_latency_mode_is_fast(sim_fast):
@@ -155,7 +154,7 @@ def test_sigterm_with_requests_in_flight_exits_0_promptly(sim_factory):
 
     thread = threading.Thread(target=fire)
     thread.start()
-    wait_until(lambda: sim.metrics()["sglang:num_running_reqs" + LABEL] >= 1, 5,
+    wait_until(lambda: sim.metrics()["sglang:num_running_reqs"] >= 1, 5,
                "the request to run")
     os.kill(sim.proc.pid, signal.SIGTERM)
     assert sim.proc.wait(timeout=10) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,15 @@ def test_client_survives_uvicorn_closing_idle_connections(sglang_pool):
     outs = [out for pair in asyncio.run(run()) for out in pair]
     assert [o.finish_reason for o in outs] == ["length"] * 6
     assert KEEPALIVE_S < 5.0
+
+
+def test_the_engines_own_log_reaches_the_replica_log(sglang_pool):
+    """SGLang's output, relayed line by line by the replica, lands in the replica's log
+    file (what the Ray dashboard's Serve tab shows): its start-up banner for each engine."""
+    import ray
+    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs" / "serve"
+    assert len(sglang_pool.urls) == 2
+    replica_logs = [p.read_text(errors="replace")
+                    for p in logs.glob(f"replica_{sglang_cpu.APP}_*.log")]
+    assert sum("The server is fired up and ready to roll!" in text for text in replica_logs) >= 2
+    assert any("sglang.launch_server" in text for text in replica_logs)  # the launch line
