@@ -1,0 +1,79 @@
+"""The SGLang launch: a cpu engine gets SGLang's CPU flags and raygen's shims on its own
+path; a GPU (cuda) engine gets neither, ever."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from contract.config import ServeConfig, SGLangEngineConfig
+from contract.outcomes import EngineStartError
+from serve_apps.app import deployment_options, with_local_paths
+from serve_apps.engines import default_gpus, launch_command, launch_env, sglang_cpu
+from serve_apps.engines.sglang import CPU_FLAGS
+
+CPU = dict(kind="sglang", model_path="/models/tiny", device="cpu", max_total_tokens=4096)
+GPU = dict(kind="sglang", model_path="Qwen/Qwen3.6-27B")
+
+
+def test_a_gpu_engine_never_sees_the_cpu_shims_or_flags(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/job/working_dir")
+    cfg = SGLangEngineConfig(**GPU)
+    assert launch_env(cfg) == {}  # the engine inherits the replica's environment as is
+    argv = launch_command(cfg, "127.0.0.1", 31000)
+    assert not set(CPU_FLAGS[::2]) & set(argv) and "--max-total-tokens" not in argv
+    assert str(sglang_cpu.SHIMS) not in " ".join(argv)
+    assert default_gpus(cfg) == 1
+
+
+def test_a_cpu_engine_gets_the_shims_first_and_keeps_the_replicas_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/job/working_dir", "/extra"]))
+    cfg = SGLangEngineConfig(**CPU)
+    env = launch_env(cfg)
+    assert env == {"SGLANG_USE_CPU_ENGINE": "1",
+                   "PYTHONPATH": os.pathsep.join([str(sglang_cpu.SHIMS), "/job/working_dir",
+                                                  "/extra"])}
+    assert (sglang_cpu.SHIMS / "sitecustomize.py").is_file()
+    assert (sglang_cpu.SHIMS / "sgl_kernel" / "__init__.py").is_file()
+    argv = launch_command(cfg, "127.0.0.1", 31000)
+    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]  # one venv, as in the image
+    assert argv[argv.index("--device") + 1] == "cpu"
+    assert argv[argv.index("--max-total-tokens") + 1] == "4096"
+    assert default_gpus(cfg) == 0
+    options = deployment_options(cfg, ServeConfig())
+    assert options["ray_actor_options"]["num_gpus"] == 0
+
+
+def test_a_cpu_engine_without_the_shims_is_refused_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(sglang_cpu, "SHIMS", tmp_path / "missing")
+    with pytest.raises(EngineStartError, match="no CPU shims"):
+        launch_env(SGLangEngineConfig(**CPU))
+
+
+def test_a_cpu_engine_needs_its_kv_pool_size():
+    with pytest.raises(ValidationError, match="device cpu needs max_total_tokens"):
+        SGLangEngineConfig(**{**CPU, "max_total_tokens": None})
+
+
+def test_the_stand_in_kernel_names_the_op_it_lacks(monkeypatch):
+    monkeypatch.syspath_prepend(str(sglang_cpu.SHIMS))
+    kernel = importlib.import_module("sgl_kernel")
+    try:
+        op = kernel.fused_add_rmsnorm  # any name imports ...
+        with pytest.raises(NotImplementedError, match="sgl_kernel.fused_add_rmsnorm was called"):
+            op()                      # ... and fails loudly when called
+    finally:
+        sys.modules.pop("sgl_kernel", None)
+
+
+def test_relative_model_paths_that_exist_here_become_absolute(tmp_path, monkeypatch):
+    (tmp_path / ".local" / "models" / "tiny").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    cfg = with_local_paths(SGLangEngineConfig(**{**CPU, "model_path": ".local/models/tiny"}))
+    assert cfg.model_path == str(tmp_path / ".local" / "models" / "tiny")
+    hub = with_local_paths(SGLangEngineConfig(**GPU))
+    assert hub.model_path == "Qwen/Qwen3.6-27B"  # a hub id is left alone
