@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from bench.engines import EngineWatch
-from bench.procs import COMPONENTS, ProcTree, RssSampler
+from bench.procs import COMPONENTS, ProcTree, RssSampler, engine_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,6 +40,7 @@ class ModeResult:
     durable_at: np.ndarray = field(default_factory=lambda: np.zeros(0))  # file written, per row
     latency_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     cpu_s: dict[str, float] = field(default_factory=dict)   # by component (procs.COMPONENTS)
+    engine_cpu_s: float = 0.0   # the engines' own processes over the mode (procs.engine_cpu_s)
     peak_rss: dict[str, int] = field(default_factory=dict)  # by role
     peak_rss_total: int = 0     # peak of (driver + actors/workers + replicas), or the client
     watch: Optional[EngineWatch] = None
@@ -68,10 +69,12 @@ def measured(ctx: Context, result: ModeResult, count_tree: bool = True) -> Itera
     watch = EngineWatch(ctx.engine_urls).start()
     sampler = RssSampler(ctx.proc_tree, ctx.rss_period_s).start() if count_tree else None
     before = ctx.proc_tree.snapshot()
+    engines_before = engine_cpu_s(ctx.proc_tree.root_pid)
     try:
         yield
     finally:
         after = ctx.proc_tree.snapshot()
+        result.engine_cpu_s = engine_cpu_s(ctx.proc_tree.root_pid) - engines_before
         if sampler is not None:
             sampler.stop()
         watch.stop()

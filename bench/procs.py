@@ -13,8 +13,10 @@ simulator). Roles:
                   process only; its engine subtree is excluded)
 - ``ray_system``  gcs_server, raylet, dashboard (+ its module processes),
                   DashboardAgent, RuntimeEnvAgent, log monitor, autoscaler monitor
-- excluded        engine processes (engine_guard + simulator), the moto S3 server,
-                  the plain client (measured on its own)
+- excluded        engine processes (engine_guard and everything below it: the
+                  simulator, or SGLang's server, scheduler and detokenizer; their CPU
+                  is measured apart by ``engine_cpu_s``), the moto S3 server, the
+                  plain client (measured on its own)
 
 CPU of a process = user + system; its children_user + children_system (children
 that exited and were reaped) are added too, so workers that exit during a window
@@ -163,6 +165,31 @@ class ProcTree:
             cpu["exited_workers" if component == "raylet" else component] += reaped
             rss[COMPONENTS[component]] += mem
         return Snapshot(time.time(), cpu, rss)
+
+
+def engine_cpu_s(root_pid: int) -> float:
+    """CPU seconds (user + system, reaped children included) of every engine below
+    ``root_pid``: each engine_guard process and its whole subtree."""
+    total = 0.0
+    try:
+        procs = psutil.Process(root_pid).children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    guards = set()
+    for proc in procs:
+        try:
+            if "serve_apps.engine_guard" in " ".join(proc.cmdline()):
+                guards.add(proc.pid)
+        except psutil.Error:
+            continue
+    for proc in procs:
+        try:
+            if proc.pid in guards or any(p.pid in guards for p in proc.parents()):
+                t = proc.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            continue
+    return total
 
 
 def _same(a: psutil.Process, b: psutil.Process) -> bool:

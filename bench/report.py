@@ -42,12 +42,15 @@ class Figures:
     peak_rss_mib: float
     rss_by_role: dict[str, float]
     notes: list[str]
+    engine_cpu_s: float = 0.0   # the engines' processes over the mode
+    cpu_share: Optional[float] = None  # the mode's CPU / (its CPU + the engines')
 
     def row(self) -> list[str]:
         return [self.mode, f"{self.rows}/{self.expected_rows}", f"{self.wall_s:.1f}",
                 f"{self.tok_s:,.0f}", _f(self.ratio_plain, "{:.3f}"),
                 _f(self.steady_tok_s, "{:,.0f}"),
-                f"{self.capacity_tok_s:,.0f}" if self.capacity_tok_s else "∞ (zero latency)",
+                ("n/a (real engine)" if self.capacity_tok_s is None else
+                 f"{self.capacity_tok_s:,.0f}" if self.capacity_tok_s else "∞ (zero latency)"),
                 _f(self.saturation, "{:.3f}"), f"{self.tail_s:.2f}", f"{self.longest_s:.2f}",
                 _f(self.tail_ratio, "{:.2f}"), f"{self.cpu_ms_row:.2f}",
                 f"{self.peak_rss_mib:,.0f}"]
@@ -57,10 +60,11 @@ def _f(value: Optional[float], fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float],
+def figures(res: ModeResult, capacity_tok_s: Optional[float], plain_tok_s: Optional[float],
             full_batch: float = 35.0) -> Figures:
     """full_batch: running requests from which an engine decodes at capacity
-    (max_decode_tok_s / per_request_decode_tok_s)."""
+    (max_decode_tok_s / per_request_decode_tok_s). capacity_tok_s None: a real engine,
+    whose capacity only the simulator states."""
     wall = res.ended_at - res.started_at
     tok_s = res.output_tokens / wall if wall > 0 else 0.0
     done = np.sort(res.done_at)
@@ -73,7 +77,7 @@ def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]
         window = (t10 - res.started_at, t90 - res.started_at)
         steady = res.watch.rate(t10, t90) if res.watch and not res.watch.failed_scrapes else None
         batch = res.watch.batch_stats(t10, t90, full_batch) if res.watch else None
-        if steady is not None and capacity_tok_s > 0:
+        if steady is not None and capacity_tok_s:
             saturation = steady / capacity_tok_s
         durable = res.durable_at[np.isfinite(res.durable_at)]
         # The tail: 99% of results available -> every row durably written (files are
@@ -82,10 +86,11 @@ def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]
         tail, last, ret = last_written - t99, float(done[-1]) - t99, res.ended_at - last_written
     longest = float(res.latency_s.max()) if res.latency_s.size else 0.0
     ramp = None
-    if res.watch and capacity_tok_s > 0:
+    if res.watch and capacity_tok_s:
         hit = res.watch.first_time_at(0.9 * capacity_tok_s)
         ramp = None if hit is None else hit - res.started_at
     cpu_total = sum(res.cpu_s.values())
+    share = cpu_total / (cpu_total + res.engine_cpu_s) if res.engine_cpu_s > 0 else None
     return Figures(
         mode=res.mode, rows=res.rows, expected_rows=res.expected_rows, errors=res.errors,
         wall_s=wall, tok_s=tok_s, ratio_plain=(tok_s / plain_tok_s) if plain_tok_s else None,
@@ -98,7 +103,7 @@ def figures(res: ModeResult, capacity_tok_s: float, plain_tok_s: Optional[float]
         cpu_by_component={k: round(v, 2) for k, v in res.cpu_s.items() if abs(v) >= 0.005},
         peak_rss_mib=res.peak_rss_total / MiB,
         rss_by_role={k: round(v / MiB, 1) for k, v in res.peak_rss.items()},
-        notes=list(res.notes))
+        notes=list(res.notes), engine_cpu_s=res.engine_cpu_s, cpu_share=share)
 
 
 def _by_role(cpu: dict[str, float]) -> dict[str, float]:
@@ -128,6 +133,8 @@ def markdown(figs: list[Figures], header: list[str]) -> str:
             f"the mode returned {f.return_s:.2f} s after the last row was written; "
             f"errors {f.errors}; "
             f"CPU s by role {f.cpu_by_role} (by component {f.cpu_by_component}); "
+            f"engines' CPU {f.engine_cpu_s:.1f} s, this mode's share of all CPU "
+            f"{_f(f.cpu_share and 100 * f.cpu_share, '{:.1f}%')}; "
             f"peak RSS MiB by role {f.rss_by_role}"
             + (f"; {'; '.join(f.notes)}" if f.notes else ""))
     return "\n".join(lines) + "\n"

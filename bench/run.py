@@ -26,6 +26,7 @@ from bench.report import Figures, figures, markdown
 
 logger = logging.getLogger("bench")
 MODES = ("raygen", "plain", "raydata_llm")
+ENGINES = ("simulator", "sglang-cpu")
 
 
 @dataclass
@@ -41,7 +42,8 @@ class Options:
     inflight: Optional[int] = None   # rows in flight, every mode (default replicas x 64)
     actors: int = 2                  # raygen generate actors / ray.data.llm actors
     max_running: int = 48
-    max_new_tokens: int = 4096
+    max_new_tokens: Optional[int] = None  # default: 4096 on the simulator, 256 on sglang-cpu
+    engine: str = "simulator"        # or sglang-cpu: SGLang's real engine on this CPU
     app_name: str = "raygen-bench"
     seed: int = 0
     keep_outputs: bool = False
@@ -53,6 +55,12 @@ class Options:
     def scale(self) -> float:
         return 0.0 if self.zero_latency else self.time_scale
 
+    @property
+    def budget(self) -> int:
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return 256 if self.engine == "sglang-cpu" else 4096
+
 
 @dataclass
 class BenchResult:
@@ -60,7 +68,23 @@ class BenchResult:
     figures: list[Figures]
     markdown: str
     engine_urls: list[str]
-    capacity_tok_s: float
+    capacity_tok_s: Optional[float]
+
+
+def engine_section(opt: Options) -> dict[str, Any]:
+    """The simulator (capacity and timing set here), or SGLang's real engine on this CPU
+    serving the sampled test model (story-like lengths at a 256-token budget)."""
+    if opt.engine == "sglang-cpu":
+        from serve_apps.engines.sglang_cpu import models
+        return {"kind": "sglang", "device": "cpu", "model_path": str(models.ensure("sampled")),
+                "served_model_name": "raygen-tiny-sampled", "chat_template": "builtin",
+                "context_length": 4096, "max_total_tokens": 65536,
+                "max_running_requests": opt.max_running, "start_timeout_s": 600,
+                "request_timeout_s": 3600}
+    return {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
+            "max_running_requests": opt.max_running, "start_timeout_s": 120,
+            "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
+            "simulator": {"time_scale": opt.scale, "accept_length": 3.0}}
 
 
 def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
@@ -68,18 +92,17 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
     if opt.output and opt.output.startswith("s3://"):
         storage["endpoint_url"] = os.environ.get("RAYGEN_S3_ENDPOINT")
     job = {"input": str(prompts), "output": opt.output or str(Path(opt.work_dir) / "runs"),
-           "run_name": "bench", "max_new_tokens": opt.max_new_tokens,
+           "run_name": "bench", "max_new_tokens": opt.budget,
            "min_actors": opt.actors, "max_actors": opt.actors,
            "inflight_rows_per_actor": max(1, inflight // opt.actors),
            "batch_size": 64, "max_batches_per_actor": 8, "rows_per_file": 256,
            "progress_interval_s": 5,
            "metrics_linger_s": 0}  # no Prometheus here: do not time a deliberate idle wait
+    if opt.engine == "sglang-cpu":  # the sampled model's lengths are made for plain sampling
+        job["sampling"] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
     from jobs.config import rows_per_replica
     tree = {
-        "engine": {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
-                   "max_running_requests": opt.max_running, "start_timeout_s": 120,
-                   "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
-                   "simulator": {"time_scale": opt.scale, "accept_length": 3.0}},
+        "engine": engine_section(opt),
         "serve": {"app_name": opt.app_name,
                   "max_ongoing_requests": max(opt.max_running,
                                               2 * rows_per_replica(inflight, opt.replicas)),
@@ -157,6 +180,8 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
     unknown = set(opt.modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES}")
+    if opt.engine not in ENGINES:
+        raise ValueError(f"unknown engine {opt.engine!r}; choose from {ENGINES}")
     work = Path(opt.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     inflight = opt.inflight or opt.replicas * max(64, opt.max_running)
@@ -179,7 +204,8 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         handle = deploy_or_attach(cfg.engine, cfg.serve)
         wait_running(opt.app_name)  # else run_job's deploy_or_attach would redeploy
         urls = engine_urls(handle, opt.replicas)
-        capacity = capacity_tok_s(urls)
+        # Only the simulator states its capacity; a real engine's is what it does.
+        capacity = capacity_tok_s(urls) if opt.engine == "simulator" else None
         ctx = Context(cfg=cfg, tree=tree, prompts=prompts, rows=opt.prompts, work_dir=work,
                       engine_urls=urls, inflight=inflight, actors=opt.actors,
                       proc_tree=ProcTree(), rss_period_s=opt.rss_period_s,
@@ -202,18 +228,25 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
 
     plain = next((r for r in results if r.mode == "plain"), None)
     plain_tok_s = plain.output_tokens / (plain.ended_at - plain.started_at) if plain else None
-    sim = cfg.engine.simulator
-    full_batch = sim.max_decode_tok_s / sim.per_request_decode_tok_s
+    if opt.engine == "simulator":
+        sim = cfg.engine.simulator
+        full_batch = sim.max_decode_tok_s / sim.per_request_decode_tok_s
+        engines = (f"{opt.replicas} simulated engines (max_running_requests {opt.max_running}, "
+                   f"max_decode_tok_s 3500, per_request_decode_tok_s 100, time_scale "
+                   f"{opt.scale}, NEXTN accept 3.0)")
+    else:
+        full_batch = float(opt.max_running)
+        engines = (f"{opt.replicas} real SGLang 0.5.23 engines on this CPU (the sampled test "
+                   f"model, max_running_requests {opt.max_running}; they share the cores "
+                   f"with raygen, so each mode's CPU share is reported)")
     figs = [figures(r, capacity, plain_tok_s, full_batch) for r in results]
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv or []))
     header = [
         f"Command: `{command}`",
         "",
         f"Settings: {opt.prompts} prompts (jobs.demo_prompts.build, seed {opt.seed}), "
-        f"{opt.replicas} replicas = {opt.replicas} simulated engines "
-        f"(max_running_requests {opt.max_running}, max_decode_tok_s 3500, "
-        f"per_request_decode_tok_s 100, time_scale {opt.scale}, NEXTN accept 3.0), "
-        f"max_new_tokens {opt.max_new_tokens}, {inflight} rows in flight in every mode; "
+        f"{opt.replicas} replicas = {engines}, "
+        f"max_new_tokens {opt.budget}, {inflight} rows in flight in every mode; "
         f"raygen: {opt.actors} generate actors x {max(1, inflight // opt.actors)} in flight, "
         f"batch 64, 8 batches/actor, 256 rows/file, serve.max_ongoing_requests "
         f"{cfg.serve.max_ongoing_requests}, metrics_linger_s 0, output "
@@ -245,7 +278,12 @@ def parse_args(argv: Optional[list[str]]) -> Options:
     p.add_argument("--work-dir", default=str(REPO / ".local" / "bench"))
     p.add_argument("--inflight", type=int, help="rows in flight (default replicas x 64)")
     p.add_argument("--actors", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--max-running", type=int, default=48,
+                   help="engine.max_running_requests of each engine (default 48)")
+    p.add_argument("--max-new-tokens", type=int,
+                   help="budget per row (default 4096; 256 with --engine sglang-cpu)")
+    p.add_argument("--engine", choices=ENGINES, default="simulator",
+                   help="sglang-cpu: SGLang's real engine on this CPU, the sampled test model")
     p.add_argument("--keep-outputs", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="raygen config override, e.g. --set serve.max_ongoing_requests=128")
@@ -256,7 +294,8 @@ def parse_args(argv: Optional[list[str]]) -> Options:
                    zero_latency=a.zero_latency,
                    modes=tuple(m.strip() for m in a.modes.split(",") if m.strip()),
                    out=a.out, output=a.output, work_dir=a.work_dir, inflight=a.inflight,
-                   actors=a.actors, max_new_tokens=a.max_new_tokens,
+                   actors=a.actors, max_running=a.max_running,
+                   max_new_tokens=a.max_new_tokens, engine=a.engine,
                    keep_outputs=a.keep_outputs, overrides=a.set,
                    env=dict(e.partition("=")[::2] for e in a.env))
 
