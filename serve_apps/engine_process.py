@@ -27,10 +27,23 @@ from typing import Callable, Optional
 
 from contract.outcomes import EngineStartError
 
-# Under "ray.serve": in a Serve replica only that logger's handlers write to the
-# replica's log file (logs/serve/replica_*.log, the dashboard's Serve tab); records of
-# other loggers were dropped, the engine's own output with them.
 logger = logging.getLogger("ray.serve.engine")
+
+
+def _to_replica_log_file() -> None:
+    """Send the engine's output to the replica's own log file (logs/serve/replica_*.log,
+    the Ray dashboard's Serve tab) and nowhere else. In a Serve replica only the
+    "ray.serve" logger's handlers write that file (records of other loggers were
+    dropped, the engine's output with them); its stderr handler would also stream every
+    engine line to the job driver's console, 30 hours of batch logs. Outside Serve (tests,
+    benchmarks) nothing changes."""
+    files = [h for h in logging.getLogger("ray.serve").handlers
+             if isinstance(h, logging.FileHandler)]
+    if files:
+        logger.propagate = False
+        for handler in files:
+            if handler not in logger.handlers:
+                logger.addHandler(handler)
 
 _TAIL_LINES = 80
 
@@ -119,6 +132,7 @@ class EngineProcess:
         return self._proc.pid if self._proc else None
 
     def start(self) -> None:
+        _to_replica_log_file()
         guard = [sys.executable, "-m", "serve_apps.engine_guard",
                  "--parent-pid", str(os.getpid()), "--"]
         logger.info("starting %s: %s%s", self.name, "".join(

@@ -25,6 +25,13 @@ def pytest_itemcollected(item):
         item.add_marker(getattr(pytest.mark, tier))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Longest scopes first (tests/support/xdist_scopes.py LONGEST_FIRST); a stable sort,
+    so tests keep their order within a scope."""
+    from tests.support.xdist_scopes import schedule_rank
+    items.sort(key=lambda item: schedule_rank(item.nodeid))
+
+
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadscope` with raygen's scopes: tests sharing an expensive fixture stay on
     one worker, every other test is scheduled on its own (tests/support/xdist_scopes.py)."""

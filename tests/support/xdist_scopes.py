@@ -34,3 +34,25 @@ def scope_of(nodeid: str) -> str:
     if path in MODULE_FIXTURE_MODULES:
         return path
     return nodeid
+
+
+# The longest scopes first (their share of `make test`, tests/README.md's ledger), so the
+# two workers start on them and finish together: xdist hands out scopes in collection
+# order, and a 5-minute scope collected last leaves one worker idle for its whole length.
+LONGEST_FIRST = (
+    "tests/integration/sglang/",           # the pool of real SGLang engines
+    "tests/integration/test_metrics_live.py",
+    "tests/integration/test_node_loss.py",
+    "tests/integration/test_exactly_once.py",
+    "tests/integration/test_operator_safety.py",
+    "tests/integration/test_admission_faults.py",
+    "tests/integration/test_export.py",
+)
+
+
+def schedule_rank(nodeid: str) -> int:
+    """Sort key of a test: its scope's place in LONGEST_FIRST (the rest after, as collected)."""
+    for rank, prefix in enumerate(LONGEST_FIRST):
+        if nodeid.startswith(prefix):
+            return rank
+    return len(LONGEST_FIRST)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.support.xdist_scopes import MODULE_FIXTURE_MODULES, scope_of
+from tests.support.xdist_scopes import LONGEST_FIRST, MODULE_FIXTURE_MODULES, schedule_rank, scope_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,3 +46,16 @@ def test_every_integration_module_with_a_module_fixture_is_listed():
         "tests/support/xdist_scopes.py MODULE_FIXTURE_MODULES must list exactly the "
         f"integration modules with a module fixture: missing {sorted(found - MODULE_FIXTURE_MODULES)}, "
         f"stale {sorted(MODULE_FIXTURE_MODULES - found)}")
+
+
+def test_an_integration_subfolder_is_one_scope():
+    a = scope_of("tests/integration/sglang/test_job.py::test_rows")
+    b = scope_of("tests/integration/sglang/test_replica_loss.py::test_kill")
+    assert a == b == "tests/integration/sglang"
+
+
+def test_the_longest_scopes_are_scheduled_first_and_exist():
+    assert schedule_rank("tests/integration/sglang/test_job.py::t") == 0
+    assert schedule_rank("tests/contract/sglang/test_x.py::t") == len(LONGEST_FIRST)
+    for prefix in LONGEST_FIRST:
+        assert (REPO / prefix).exists(), prefix

@@ -106,7 +106,7 @@ def _expected_values(cfg: SGLangEngineConfig) -> dict[str, Any]:
         # No nccl_port: SGLang picks it itself when it binds it (issue #12).
         "model_path": cfg.model_path, "host": HOST, "port": PORT, "nccl_port": None,
         "base_gpu_id": 0, "tp_size": 1, "context_length": cfg.context_length,
-        "max_running_requests": cfg.max_running_requests,
+        "max_running_requests": cfg.max_running_requests, "log_level_http": "warning",
         "served_model_name": cfg.served_model_name,
         "mem_fraction_static": cfg.mem_fraction_static,
         "max_mamba_cache_size": cfg.max_mamba_cache_size,
@@ -116,7 +116,8 @@ def _expected_values(cfg: SGLangEngineConfig) -> dict[str, Any]:
         "max_total_tokens": cfg.max_total_tokens,
         **({"device": "cpu", "attention_backend": "torch_native",
             "cuda_graph_backend_decode": "disabled",
-            "cuda_graph_backend_prefill": "disabled"} if cfg.device == "cpu" else {}),
+            "cuda_graph_backend_prefill": "disabled", "sleep_on_idle": True}
+           if cfg.device == "cpu" else {}),
         **({"speculative_num_steps": spec.num_steps, "speculative_eagle_topk": spec.eagle_topk,
             "speculative_num_draft_tokens": spec.num_draft_tokens,
             "speculative_draft_model_path": spec.draft_model_path} if spec else {}),

@@ -29,6 +29,12 @@ ROWS, TOKENS = 400, 140
 APP_SEL = f'application="{sglang_cpu.APP}"'
 
 
+def _engine_tokens(prom, at=None) -> dict[str, float]:
+    """SGLang's own generation-token counter per replica, as relayed and scraped."""
+    return {s["metric"]["replica"]: float(s["value"][1]) for s in prom.query(
+        f"sum by (replica) (sglang:generation_tokens_total{{{APP_SEL}}})", at)}
+
+
 @pytest.fixture(scope="module")
 def live(sglang_pool, s3_endpoint, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sglang-metrics")
@@ -41,10 +47,12 @@ def live(sglang_pool, s3_endpoint, tmp_path_factory):
         t0 = time.time()
         assert run(tree).status == "succeeded"
         data = read(tree, "data")
-        written = int(data.completion_tokens.sum())
-        engine_tokens = f"sum(sglang:generation_tokens_total{{{APP_SEL}}})"
-        wait_for(f"the engines' token counters to reach the run's {written} tokens",
-                 lambda: (prom.value(engine_tokens) or 0) >= written, 90, every_s=INTERVAL_S)
+        wrote = data.groupby("replica").completion_tokens.sum().to_dict()
+        # Each replica relays its engine's counters every few seconds and Ray reports
+        # every ~10 s: wait until every engine's counter covers what raygen wrote from it.
+        wait_for(f"each engine's token counter to reach the tokens written from it {wrote}",
+                 lambda: all(engine.get(r, 0) >= n for engine in [_engine_tokens(prom)]
+                             for r, n in wrote.items()), 90, every_s=INTERVAL_S)
         t_eval = time.time()
         yield prom, data, t0, t_eval, f"{math.ceil(t_eval - prom.started) + 5}s"
 
@@ -95,8 +103,7 @@ def test_sglang_series_arrive_under_sglangs_names_once_per_replica(live):
     assert not prom.api("label/__name__/values", **{"match[]": '{__name__=~"ray_sglang_.*"}'}), \
         "relayed series left under their Ray name"
     # SGLang's own counters cover, per replica, the tokens raygen wrote from it.
-    engine = {s["metric"]["replica"]: float(s["value"][1]) for s in prom.query(
-        f"sum by (replica) (sglang:generation_tokens_total{{{APP_SEL}}})", t_eval)}
+    engine = _engine_tokens(prom, t_eval)
     wrote = data.groupby("replica").completion_tokens.sum().to_dict()
     assert set(wrote) <= set(engine), (wrote, engine)
     assert all(engine[r] >= tokens for r, tokens in wrote.items()), (wrote, engine)

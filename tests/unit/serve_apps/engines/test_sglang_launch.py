@@ -25,7 +25,8 @@ def test_a_gpu_engine_never_sees_the_cpu_shims_or_flags(monkeypatch):
     cfg = SGLangEngineConfig(**GPU)
     assert launch_env(cfg) == {}  # the engine inherits the replica's environment as is
     argv = launch_command(cfg, "127.0.0.1", 31000)
-    assert not set(CPU_FLAGS[::2]) & set(argv) and "--max-total-tokens" not in argv
+    assert not {f for f in CPU_FLAGS if f.startswith("--")} & set(argv)
+    assert "--max-total-tokens" not in argv
     assert str(sglang_cpu.SHIMS) not in " ".join(argv)
     assert default_gpus(cfg) == 1
 
@@ -77,3 +78,30 @@ def test_relative_model_paths_that_exist_here_become_absolute(tmp_path, monkeypa
     assert cfg.model_path == str(tmp_path / ".local" / "models" / "tiny")
     hub = with_local_paths(SGLangEngineConfig(**GPU))
     assert hub.model_path == "Qwen/Qwen3.6-27B"  # a hub id is left alone
+
+
+def test_engine_output_goes_to_the_replica_log_file_only(tmp_path):
+    """In a replica, Serve's "ray.serve" logger has a file handler (the replica's log)
+    and a stderr one (which Ray streams to the job driver's console): the engine's
+    lines must reach the first only."""
+    import logging
+
+    from serve_apps import engine_process
+    serve_logger = logging.getLogger("ray.serve")
+    file_handler = logging.FileHandler(tmp_path / "replica.log")
+    stream_handler = logging.StreamHandler()
+    saved = (list(serve_logger.handlers), engine_process.logger.propagate,
+             list(engine_process.logger.handlers))
+    serve_logger.handlers[:] = [file_handler, stream_handler]
+    try:
+        engine_process._to_replica_log_file()
+        engine_process._to_replica_log_file()  # once per engine start: no duplicates
+        assert engine_process.logger.handlers == [file_handler]
+        assert engine_process.logger.propagate is False
+        engine_process.logger.warning("[engine] The server is fired up")
+        file_handler.flush()
+        assert "fired up" in (tmp_path / "replica.log").read_text()
+    finally:
+        serve_logger.handlers[:] = saved[0]
+        engine_process.logger.propagate, engine_process.logger.handlers[:] = saved[1], saved[2]
+        file_handler.close()
