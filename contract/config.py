@@ -36,14 +36,15 @@ class StrictModel(BaseModel):
 
 
 class SpeculativeConfig(StrictModel):
-    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = Field(
-        "NEXTN", description="SGLang --speculative-algorithm (NEXTN = the model's own MTP head).")
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3", "STANDALONE"] = Field(
+        "NEXTN", description="SGLang --speculative-algorithm (NEXTN = the model's own MTP head; "
+        "STANDALONE = a separate small draft model of the same tokenizer).")
     num_steps: int = Field(3, ge=1, description="--speculative-num-steps: draft steps per verify.")
     eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk.")
     num_draft_tokens: int = Field(4, ge=1, description="--speculative-num-draft-tokens.")
     draft_model_path: Optional[str] = Field(
-        None, description="--speculative-draft-model-path; required by EAGLE/EAGLE3, unused "
-        "by NEXTN (the model's own MTP head).")
+        None, description="--speculative-draft-model-path; required by EAGLE/EAGLE3 and "
+        "STANDALONE, unused by NEXTN (the model's own MTP head).")
 
     @model_validator(mode="after")
     def _draft_model(self) -> "SpeculativeConfig":

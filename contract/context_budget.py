@@ -26,10 +26,15 @@ SCHEDULER_INPUT_MARGIN = 6
 SCHEDULER_CLAMP_MARGIN = 2
 
 
+# Algorithms whose draft tokens sit in the output slots (SpeculativeAlgorithm.is_eagle();
+# NEXTN is EAGLE). STANDALONE's separate draft model reserves nothing.
+EAGLE_FAMILY = frozenset({"NEXTN", "EAGLE", "EAGLE3"})
+
+
 def reserved_tokens(algorithm: Optional[str], num_steps: int = 0, eagle_topk: int = 0,
                     num_draft_tokens: int = 0) -> int:
     """compute_num_reserved_tokens() for these --speculative-* settings (0 when off)."""
-    if algorithm is None:
+    if algorithm not in EAGLE_FAMILY:
         return 0
     return max(eagle_topk * num_steps, num_draft_tokens)
 

@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 import pytest
 
+from cluster import gpu_smoke
 from jobs.config import SamplingConfig, load_config
 from contract.config import SGLangEngineConfig, SpeculativeConfig
 from serve_apps.engine_client import EngineClient, parse_meta
@@ -60,7 +61,16 @@ def _shipped_engines() -> dict[str, SGLangEngineConfig]:
             "demo-cpu": load_config(str(DEMO)).engine,
             # The story demo's engine section as it would run on a GPU (demo-ish command).
             "demo-sim-as-sglang": SGLangEngineConfig(
-                **sim.model_dump(exclude={"kind", "simulator"}), kind="sglang")}
+                **sim.model_dump(exclude={"kind", "simulator"}), kind="sglang"),
+            # cluster/gpu_smoke.sh's two phases (spec off, STANDALONE)
+            **{f"gpu-smoke-{name}": load_tree_engine(gpu_smoke.phase_config(
+                Path("/models/tiny"), draft, Path("p.jsonl"), "smoke", 256))
+               for name, draft in (("plain", None), ("spec", Path("/models/tiny")))}}
+
+
+def load_tree_engine(tree: dict) -> SGLangEngineConfig:
+    from jobs.config import parse_config
+    return parse_config(tree).engine
 
 
 OPTIONAL_FIELDS: dict[str, Any] = {
@@ -72,7 +82,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
                    "enable_cache_report": True, "disable-radix-cache": False,
                    "chunked-prefill-size": None, "mamba-radix-cache-strategy": "auto"},
 }
-SPECULATIVE = [None, "NEXTN", "EAGLE", "EAGLE3"]
+SPECULATIVE = [None, "NEXTN", "EAGLE", "EAGLE3", "STANDALONE"]
 
 
 def _variant(fields: tuple[str, ...], reasoning: Optional[str], metrics: bool,
@@ -88,7 +98,7 @@ def _variant(fields: tuple[str, ...], reasoning: Optional[str], metrics: bool,
 
 
 def all_variants() -> list[SGLangEngineConfig]:
-    """Every branch of build_command on and off: 2^5 x 2 x 2 x 4 = 512 commands."""
+    """Every branch of build_command on and off: 2^5 x 2 x 2 x 5 = 640 commands."""
     names = list(OPTIONAL_FIELDS)
     subsets = [c for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
     return [_variant(fields, reasoning, metrics, algo)
@@ -143,7 +153,7 @@ def _check_parsed(parser: argparse.ArgumentParser, cfg: SGLangEngineConfig,
 
 def test_every_launch_command_parses_with_sglangs_parser(sglang, sglang_parser):
     variants = all_variants()
-    assert len(variants) == 512
+    assert len(variants) == 640
     problems = []
     for cfg in variants:
         argv = _argv(cfg)

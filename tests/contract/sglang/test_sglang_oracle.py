@@ -52,6 +52,8 @@ SPECS = {
                                       num_draft_tokens=8, draft_model_path="draft"),
     "eagle-2-1-3": SpeculativeConfig(algorithm="EAGLE", num_steps=2, eagle_topk=1,
                                      num_draft_tokens=3, draft_model_path="draft"),
+    "standalone-3-1-4": SpeculativeConfig(algorithm="STANDALONE", num_steps=3, eagle_topk=1,
+                                          num_draft_tokens=4, draft_model_path="draft"),
 }
 
 
@@ -66,7 +68,8 @@ def test_reserved_tokens_match_compute_num_reserved_tokens(sglang, fake_model, n
     with rc.use_context(rc.create_context(sa, role="tokenizer")):
         expected = compute_num_reserved_tokens()
     assert cfg.reserved_tokens == expected
-    assert expected == {"off": 0, "nextn-3-1-4": 4, "eagle3-5-4-8": 20, "eagle-2-1-3": 3}[name]
+    assert expected == {"off": 0, "nextn-3-1-4": 4, "eagle3-5-4-8": 20, "eagle-2-1-3": 3,
+                        "standalone-3-1-4": 0}[name]
 
 
 # --- context accounting -----------------------------------------------------------------
