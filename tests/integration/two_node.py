@@ -73,7 +73,8 @@ class TwoNodeCluster:
         raise AssertionError("unreachable")
 
     @classmethod
-    def _start_once(cls, head_cpus: int, node2_cpus: int) -> "TwoNodeCluster":
+    def new(cls) -> "TwoNodeCluster":
+        """Not started yet: its temp dir and the environment its `ray start`s get."""
         # Short: Ray's socket paths live under it (108-byte limit).
         cluster = cls(temp_dir=tempfile.mkdtemp(prefix="rn", dir="/tmp"))
         # Ray 2.60 turns token auth on for a new head by default; a joining node (and
@@ -84,6 +85,11 @@ class TwoNodeCluster:
                        # On a loaded shared machine a raylet may take long to register.
                        "RAY_raylet_start_wait_time_s": "180"}
         cluster.env.pop("RAY_ADDRESS", None)
+        return cluster
+
+    @classmethod
+    def _start_once(cls, head_cpus: int, node2_cpus: int) -> "TwoNodeCluster":
+        cluster = cls.new()
         gcs_port = free_port()
         common = ["--temp-dir", cluster.temp_dir, "--disable-usage-stats"]
         cluster._ray_start(["--head", "--port", str(gcs_port), "--num-cpus", str(head_cpus),

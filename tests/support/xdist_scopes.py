@@ -21,6 +21,7 @@ MODULE_FIXTURE_MODULES = frozenset({
     "tests/integration/test_engine_process.py",
     "tests/integration/test_export.py",
     "tests/integration/test_job_e2e.py",
+    "tests/integration/test_job_submit.py",
     "tests/integration/test_metrics_live.py",
 })
 

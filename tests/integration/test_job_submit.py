@@ -1,0 +1,115 @@
+"""`ray job submit` for real, as the runbook tells users to run raygen: the Jobs API of a
+Ray head started like the local stack's (`ray start --head`, token auth on, as Ray 2.60
+starts every new head), the repository uploaded with `--working-dir .
+--runtime-env cluster/runtime_env.yaml`, `python -m jobs.generate` as the entrypoint.
+
+A job runs to `SUCCEEDED` and writes its rows; the package Ray unpacked on the cluster
+holds the code and leaves out the venv, the tests and local state; an unauthenticated
+client is refused; `ray job stop` of a second job leaves progress.json `stopped` and
+the run's lease released. The head is this test's own (its own temp dir and ports),
+stopped by its own PIDs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from serve_apps.engine_process import free_port
+from tests.integration.helpers import run_config, store_of, write_prompts, write_yaml
+from tests.integration.two_node import RAY_BIN, TwoNodeCluster, _node_ports
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def head(s3_endpoint):
+    """A one-node Ray head with its dashboard (the Jobs API) on a free port."""
+    cluster = TwoNodeCluster.new()
+    cluster.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    dashboard = free_port()
+    cluster._ray_start(["--head", "--port", str(free_port()), "--num-cpus", "8",
+                        "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                        "--dashboard-port", str(dashboard),
+                        "--ray-client-server-port", str(free_port())]
+                       + _node_ports() + ["--temp-dir", cluster.temp_dir,
+                                          "--disable-usage-stats"])
+    cluster.address = f"http://127.0.0.1:{dashboard}"
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def ray_job(head, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([RAY_BIN, "job", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**head.env, **env, "RAY_ADDRESS": head.address})
+
+
+def submit(head, config: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
+    return ray_job(head, "submit", "--working-dir", ".", "--runtime-env",
+                   "cluster/runtime_env.yaml", *extra, "--", "python", "-m", "jobs.generate",
+                   "--config", str(config), **env)
+
+
+def test_a_submitted_job_runs_and_uploads_only_the_code(head, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 40)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-submit")
+    done = submit(head, write_yaml(tmp_path / "run.yaml", tree))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "' succeeded" in done.stdout, done.stdout[-2000:]  # Ray's own verdict on the job
+    assert "40 done of 40" in done.stdout
+    assert len(store_of(tree).read_kind("data")) == 40
+
+    # What Ray unpacked on the cluster: the code, none of the excluded folders.
+    session = Path(head.temp_dir, "session_latest").resolve()
+    (package,) = [p for p in (session / "runtime_resources" / "working_dir_files").iterdir()
+                  if p.is_dir()]
+    top = {p.name for p in package.iterdir()}
+    assert {"jobs", "serve_apps", "contract", "cluster", "dashboards", "pyproject.toml"} <= top
+    assert not top & {".venv", ".local", ".git", "tests", ".pytest_cache"}, top
+    size = sum(f.stat().st_size for f in package.rglob("*") if f.is_file())
+    print(f"\nuploaded working_dir: {size / 2**20:.1f} MiB, top level {sorted(top)}")
+    assert size < 30 * 2**20, f"the upload is {size / 2**20:.0f} MiB: an exclude is missing"
+
+
+def test_the_jobs_api_refuses_a_client_without_the_token(head):
+    request = urllib.request.Request(f"{head.address}/api/jobs/")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code in (401, 403)
+    listed = ray_job(head, "list")  # the same call with the head's token: allowed
+    assert listed.returncode == 0, listed.stderr[-2000:]
+
+
+def test_ray_job_stop_leaves_the_run_stopped_and_its_lease_released(head, s3_endpoint,
+                                                                    tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 400)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-submit-slow",
+                      engine={"simulator": {"time_scale": 0.02}},
+                      job={"rows_per_file": 16, "batch_size": 8, "inflight_rows_per_actor": 16})
+    job_id = f"raygen-stop-{uuid.uuid4().hex[:8]}"
+    started = submit(head, write_yaml(tmp_path / "run.yaml", tree), "--no-wait",
+                     "--submission-id", job_id)
+    assert started.returncode == 0, started.stderr[-2000:]
+    store = store_of(tree)
+    wait_until(lambda: (store.read_json("progress.json") or {}).get("completed", 0) > 0,
+               240, "the submitted run's first durable rows")
+    assert store.read_json("lease.json") is not None  # held while it runs
+    stopped = ray_job(head, "stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    wait_until(lambda: (store.read_json("progress.json") or {}).get("status") == "stopped", 60,
+               "progress.json to say stopped")
+    wait_until(lambda: store.read_json("lease.json") is None, 30, "the lease to be released")
+    assert f"Job {job_id!r} was stopped" in ray_job(head, "status", job_id).stdout
+    assert 0 < store.read_json("progress.json")["completed"] < 400
