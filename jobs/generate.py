@@ -1,8 +1,10 @@
 """Entry point: ``python -m jobs.generate --config FILE [--set key=value ...]``.
 
-config -> deploy (or attach to) the engine app -> read what the run already holds ->
-stream read/validate/admit/generate/write -> progress.json -> summary. Rerunning the
-same command resumes: only prompts without a durable result are sent.
+config -> take the run's lease (one job per run) -> read what the run already holds
+(its run index) -> plan the session (the admission pass reads and validates the input
+and writes its rejects) -> deploy (or attach to) the engine app -> stream
+read/validate/admit/generate/write -> progress.json -> summary. Rerunning the same
+command resumes: only prompts without a durable result are sent.
 Also runs under ``ray job submit --working-dir . -- python -m jobs.generate ...``.
 """
 
@@ -19,28 +21,49 @@ from jobs.config import ConfigError, load_config
 logger = logging.getLogger("raygen")
 
 
+def _add_job_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="run YAML (see jobs/configs/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set job.max_new_tokens=8192")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m jobs.generate` and `raygen generate` (one definition)."""
+    _add_job_args(parser)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--retry-failed", action="store_true",
+                      help="reprocess only the rows in <run>/failures/ without a result")
+    mode.add_argument("--continue-truncated", action="store_true",
+                      help="continue every length-truncated row token-exactly (with "
+                           "--max-total-tokens)")
+    mode.add_argument("--check-context", action="store_true",
+                      help="only count prompts that cannot get their full budget within the "
+                           "engine's context length (writes <run>/context_check.json)")
+    mode.add_argument("--pilot", type=int, default=None, metavar="N",
+                      help="run ~N prompts stratified by category as <run>-pilot (use a "
+                           "high --set job.max_new_tokens) and report the what-if per cap")
+    parser.add_argument("--max-total-tokens", type=int, default=None, metavar="N",
+                        help="with --continue-truncated: the new total output budget per row")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate config and input and print what would run (rows, "
+                             "rejects, done, to generate, budget, replicas); deploys and "
+                             "writes nothing; exit 1 if the reject check would stop the run")
+
+
+def add_continue_args(parser: argparse.ArgumentParser) -> None:
+    """`raygen continue`: `python -m jobs.generate --continue-truncated`, same definitions."""
+    _add_job_args(parser)
+    parser.add_argument("--max-total-tokens", type=int, required=True, metavar="N",
+                        help="the new total output budget per row")
+    parser.set_defaults(continue_truncated=True, retry_failed=False, check_context=False,
+                        pilot=None, dry_run=False)
+
+
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m jobs.generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="run YAML (see jobs/configs/)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set job.max_new_tokens=8192")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="reprocess only the rows in <run>/failures/ without a result")
-    parser.add_argument("--continue-truncated", action="store_true",
-                        help="continue every length-truncated row token-exactly")
-    parser.add_argument("--max-total-tokens", type=int, default=None,
-                        help="with --continue-truncated: the new total output budget")
-    parser.add_argument("--check-context", action="store_true",
-                        help="only count prompts that cannot get their full budget within the "
-                        "engine's context length (writes <run>/context_check.json)")
-    parser.add_argument("--pilot", type=int, default=None, metavar="N",
-                        help="run ~N prompts stratified by category as <run>-pilot (use a "
-                        "high --set job.max_new_tokens) and report the what-if per cap")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate config and input and print what would run (rows, "
-                        "rejects, done, to generate, budget, replicas); deploys and writes "
-                        "nothing; exit 1 if the reject check would stop the run")
+    add_args(parser)
     return parser.parse_args(argv)
 
 
@@ -69,8 +92,12 @@ def _on_sigterm(*_):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    return run(parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """One session from parsed options (`python -m jobs.generate`, `raygen generate|continue`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    args = parse_args(argv)
     conflict = dry_run_conflict(args)
     if conflict:
         print(f"error: {conflict}", file=sys.stderr)

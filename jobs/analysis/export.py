@@ -329,8 +329,10 @@ def render(m: dict[str, Any]) -> str:
     ])
 
 
-def add_export_args(parser: argparse.ArgumentParser) -> None:
-    """The export options (shared with `raygen export`)."""
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m jobs.analysis.export` and `raygen export`."""
+    from jobs.analysis.run_cli import add_run_args
+    add_run_args(parser)
     parser.add_argument("--format", required=True, choices=FORMATS,
                         help="record shape: pretokenized (input_ids + loss_mask), "
                              "conversations (SpecForge/speculators), messages (HF/TRL)")
@@ -369,11 +371,11 @@ def filters_from_args(args: argparse.Namespace) -> Filters:
                    categories=tuple(args.category))
 
 
-def run_export(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Export from parsed arguments (run, config and the export options)."""
-    from jobs.analysis.run_cli import fail, open_run, require_run
+    from jobs.analysis.run_cli import fail, open_args, require_run
     filters = filters_from_args(args)
-    store = open_run(args.run, args.config)
+    store = open_args(args)
     require_run(store)
     try:
         manifest = export(store, args.out, args.format, filters, args.file_type,
@@ -387,16 +389,14 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from jobs.analysis.run_cli import add_run_args
     parser = argparse.ArgumentParser(
         prog="python -m jobs.analysis.export", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Export a run's latest rows as drafter training data (JSONL/Parquet "
                     "shards + export.manifest).",
         epilog="example:\n  python -m jobs.analysis.export s3://bucket/runs/demo --format pretokenized "
                "--out s3://bucket/exports/demo-pretok --config jobs/configs/demo.yaml")
-    add_run_args(parser)
-    add_export_args(parser)
-    return run_export(parser.parse_args(argv))
+    add_args(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

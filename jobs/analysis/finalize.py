@@ -189,22 +189,31 @@ def finalize(store: RunStore, force: bool = False, rows_per_file: int = ROWS_PER
     return manifest
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    from jobs.analysis.run_cli import add_run_args, fail, open_run, require_run
-    parser = argparse.ArgumentParser(prog="python -m jobs.analysis.finalize", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m jobs.analysis.finalize` and `raygen finalize`."""
+    from jobs.analysis.run_cli import add_run_args
     add_run_args(parser)
     parser.add_argument("--force", action="store_true",
                         help="finalize even though progress.json says the run is running")
     parser.add_argument("--allow-partial", action="store_true",
                         help="finalize a run that is not complete (stopped, failed, open "
                              "failures): manifest complete=false with what is missing")
-    parser.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE,
+    parser.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE, metavar="N",
                         help=f"rows per final part file (default {ROWS_PER_FILE})")
-    args = parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.analysis.finalize", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.analysis.run_cli import fail, open_args, require_run
     if args.rows_per_file < 1:
         fail("--rows-per-file must be >= 1")
-    store = open_run(args.run, args.config)
+    store = open_args(args)
     require_run(store)
     try:
         manifest = finalize(store, force=args.force, rows_per_file=args.rows_per_file,

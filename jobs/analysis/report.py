@@ -365,15 +365,24 @@ def parse_caps(text: Optional[str]) -> Optional[list[int]]:
     return caps
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    from jobs.analysis.run_cli import add_run_args, fail, open_run, require_run
-    parser = argparse.ArgumentParser(prog="python -m jobs.analysis.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m jobs.analysis.report` and `raygen report`."""
+    from jobs.analysis.run_cli import add_run_args
     add_run_args(parser)
     parser.add_argument("--what-if", type=parse_caps, default=None, metavar="CAPS",
                         help="comma-separated caps to forecast, e.g. 5120,6144,8192,16384")
-    args = parser.parse_args(argv)
-    store = open_run(args.run, args.config)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.analysis.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.analysis.run_cli import fail, open_args, require_run
+    store = open_args(args)
     require_run(store)
     df, data_rows = load_latest(store)
     if df.empty:

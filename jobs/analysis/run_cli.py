@@ -1,11 +1,12 @@
-"""What the run-level commands (status, report, finalize) share: how to open a run.
+"""What the run-level commands (status, report, finalize, export) share: how to open a run.
 
-    python -m jobs.<command> <run> [--config FILE]
+    python -m jobs.analysis.<command> [<run>] [--config FILE]   (= raygen <command> ...)
 
 Design decisions:
 - A run is addressed by its URI (a local path or s3://bucket/prefix/run), not by a
   config: the run's files are the truth, and a run can be inspected from a laptop that
   never had the job's config.
+  Without a run URI, `--config FILE` names it (<job.output>/<job.run_name>).
 - Storage settings come from `--config FILE` (only its `storage` section is read and
   validated, so a config whose job section points at files absent here still works), or
   else from the environment the Makefile and the job use: RAYGEN_S3_ENDPOINT and
@@ -35,11 +36,38 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(1)
 
 
+def usage_error(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def add_run_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="the run: a local folder or s3://bucket/prefix/<run_name>")
+    parser.add_argument("run", nargs="?", default=None,
+                        help="the run: a local folder or s3://bucket/prefix/<run_name> "
+                             "(default: the one --config names)")
     parser.add_argument("--config", default=None, metavar="FILE",
-                        help="run YAML whose `storage` section says how to reach S3 "
-                             "(default: env RAYGEN_S3_ENDPOINT / AWS_DEFAULT_REGION)")
+                        help="the run's YAML: names the run (without a run URI) and its "
+                             "`storage` section says how to reach S3 (default: env "
+                             "RAYGEN_S3_ENDPOINT / AWS_DEFAULT_REGION)")
+
+
+def run_uri(args: argparse.Namespace) -> str:
+    """The run URI given, or the one the config names (<job.output>/<job.run_name>)."""
+    if args.run:
+        return args.run
+    if not args.config:
+        usage_error("give the run URI or --config FILE")
+    from jobs.config import ConfigError, load_config
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        usage_error(" ".join(str(exc).split()))
+    return cfg.job.output.rstrip("/") + "/" + cfg.job.run_name
+
+
+def open_args(args: argparse.Namespace) -> RunStore:
+    """The run the parsed arguments name (add_run_args), with its storage settings."""
+    return open_run(run_uri(args), args.config)
 
 
 def storage_settings(config_path: Optional[str]) -> StorageConfig:

@@ -84,13 +84,22 @@ def render(snap: dict[str, Any], now: Optional[float] = None) -> str:
     return "\n".join(lines + ([hint] if hint else []))
 
 
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m jobs.analysis.status` and `raygen status`."""
+    from jobs.analysis.run_cli import add_run_args
+    add_run_args(parser)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    from jobs.analysis.run_cli import add_run_args, fail, open_run
     parser = argparse.ArgumentParser(prog="python -m jobs.analysis.status", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_args(parser)
-    args = parser.parse_args(argv)
-    store = open_run(args.run, args.config)
+    add_args(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.analysis.run_cli import fail, open_args
+    store = open_args(args)
     try:
         snap = store.read_json("progress.json")
     except OSError as exc:

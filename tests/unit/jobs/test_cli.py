@@ -132,3 +132,46 @@ def test_requires_python_admits_only_pythons_every_pin_supports():
             needs[name] = _lowest_python(spec)
     assert low >= max(needs.values()), f"requires-python {ours}; the pins need {needs}"
     assert low == max(needs.values()), "requires-python is stricter than any pin needs"
+
+
+def _options(parser) -> dict[str, tuple]:
+    """Every option string of a parser, with what defines it (action, type, choices)."""
+    return {opt: (type(a).__name__, a.type, a.choices, a.nargs)
+            for a in parser._actions for opt in a.option_strings if opt != "-h" and opt != "--help"}
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_each_subcommand_has_exactly_its_modules_options(command):
+    """`raygen X` and `python -m jobs...X` parse with options from one definition."""
+    import argparse
+    import importlib
+    subs = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    raygen = _options(subs.choices[command])
+    module_name, _ = cli.MODULES[command]
+    module = importlib.import_module(module_name)
+    standalone = argparse.ArgumentParser()
+    module.add_args(standalone)  # what `python -m <module>` builds (its main)
+    if command == "continue":  # python -m jobs.generate --continue-truncated ...
+        assert raygen.keys() <= _options(standalone).keys()
+        assert {k: v for k, v in _options(standalone).items() if k in raygen} == raygen
+    else:
+        assert raygen == _options(standalone)
+
+
+def test_finalize_allow_partial_works_through_raygen(tmp_path, capsys):
+    store = local_run(tmp_path)
+    write_json_atomic(store.loc("progress.json"), {"status": "stopped", "run": "r1",
+                                                   "total": 3, "completed": 2})
+    cfg = str(config_file(tmp_path))
+    assert cli.main(["finalize", "--config", cfg]) == 1
+    assert "--allow-partial" in capsys.readouterr().err  # what the refusal tells the user ...
+    assert cli.main(["finalize", "--config", cfg, "--allow-partial"]) == 0  # ... now works
+    manifest = json.loads(Path(store.loc("final", "manifest.json").path).read_text())
+    assert manifest["complete"] is False
+
+
+def test_generate_module_refuses_conflicting_modes_like_raygen(capsys):
+    from jobs import generate
+    with pytest.raises(SystemExit) as info:
+        generate.main(["--config", "c.yaml", "--retry-failed", "--continue-truncated"])
+    assert info.value.code == 2 and "not allowed with" in capsys.readouterr().err
