@@ -79,6 +79,10 @@ class JobConfig(StrictModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     limit: Optional[int] = Field(None, ge=1, description="Only the first N rows of each "
                                  "input file.")
+    max_line_bytes: int = Field(
+        16 << 20, ge=1024, description="Longest input line (JSONL) or row (Parquet, as JSON) "
+        "read, in bytes; a longer one is a reject naming its size (and is never held in "
+        "memory whole).")
     min_actors: int = Field(1, ge=1, description="Generation actors (async, autoscaled).")
     max_actors: int = Field(2, ge=1)
     inflight_rows_per_actor: int = Field(

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from jobs.io.digests import digests_of, key_digest, sorted_contains
 from jobs.io.schema import REJECTS
-from jobs.io.sources import ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
+from jobs.io.sources import MAX_LINE_BYTES, ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
 from jobs.io.storage import Location
 from jobs.pipeline.validate import RowError, parse_row
 
@@ -200,9 +200,10 @@ class _Pass:
             self.write(self.pending)
             self.pending = []
 
-    def row(self, source: str, line: int, ordinal: int, raw: str) -> None:
+    def row(self, source: str, line: int, ordinal: int, raw: str,
+            problem: Optional[str] = None) -> None:
         try:
-            parsed = parse_row(raw)
+            parsed = parse_row(raw, problem)
         except RowError as exc:
             rid = hashlib.sha256(raw.encode()).hexdigest()[:24]
             self.invalid_ranks[rid] += 1  # identical bad lines: each its own reject
@@ -278,7 +279,8 @@ class _Pass:
 
 def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
                  write_rejects: Callable[[list[dict[str, Any]]], None],
-                 limit: Optional[int] = None) -> Admission:
+                 limit: Optional[int] = None, max_line_bytes: int = MAX_LINE_BYTES
+                 ) -> Admission:
     """The driver's one pass: validate, fingerprint, dedupe and decide every row.
 
     New rejects go to ``write_rejects`` in parts of at most REJECT_PART_ROWS as the
@@ -288,9 +290,9 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
     total, prints = 0, []
     for index, loc in enumerate(inputs):
         hasher, rows, complete = hashlib.sha256(), 0, True
-        for line, raw in iter_rows(loc, hasher):
+        for line, raw, problem in iter_rows(loc, hasher, max_line_bytes):
             rows += 1
-            state.row(loc.uri, line, ordinal_of(index, line), raw)
+            state.row(loc.uri, line, ordinal_of(index, line), raw, problem)
             if limit is not None and rows >= limit:
                 complete = False
                 break

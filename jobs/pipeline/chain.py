@@ -45,7 +45,8 @@ def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSetti
     """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py);
     ``only``: [ObjectRef of its sorted ordinals]: the read skips every other line."""
     job = cfg.job
-    ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size, only),
+    ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size, only,
+                                              job.max_line_bytes),
                                   num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
                         num_cpus=LIGHT_CPU, compute=light_tasks())

@@ -1,8 +1,14 @@
 """Validate raw prompt rows and give each a stable key (stage 2 of the job).
 
-Row contract: reads ``source, line, ordinal, raw``; adds ``key, id, category, messages,
-tools, prompt_hash`` (messages/tools re-serialised as canonical JSON) and
-``reject_reason`` (None when valid). The driver's admission pass (jobs/pipeline/admission.py)
+Row contract: reads ``source, line, ordinal, raw, problem``; adds ``key, id, category,
+messages, tools, prompt_hash`` (messages/tools re-serialised as canonical JSON) and
+``reject_reason`` (None when valid).
+
+Any line is a verdict: ``parse_row`` returns a row or raises RowError with a reason,
+whatever the text (a reader ``problem`` such as bytes that are not UTF-8; JSON nested
+deeper than MAX_DEPTH; a number past Python's digit limit; NaN; a lone surrogate such as
+the half of an emoji an exporter cut; a NUL character), so the admission pass and
+``--dry-run`` never raise on input (tests/unit/jobs/pipeline/test_any_line.py fuzzes it). The driver's admission pass (jobs/pipeline/admission.py)
 uses the same ``parse_row`` and writes the rejects; the admit filter drops them here.
 
 Key rule (README "Row keys"): a string ``id`` is the key as is (it is data, never a
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -33,6 +40,13 @@ VALIDATED = pa.schema([
     ("reject_reason", pa.string()),
 ])
 RESERVED_PREFIXES = ("int:", "sha256:")
+# Deeper JSON is refused before it is parsed: every recursive step after (json's C
+# parser, canonicalising, hashing) then stays far from Python's recursion limit, in the
+# driver and in a Ray worker alike, so both reach the same verdict.
+MAX_DEPTH = 200
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # the escape itself, not an escaped backslash + "u0000"
 
 
 class RowError(ValueError):
@@ -95,12 +109,60 @@ def _check_id(row: dict) -> tuple[Optional[str], Optional[str]]:
     return value, value
 
 
-def parse_row(raw: str) -> dict[str, Any]:
-    """raw line -> {key, id, category, messages, tools, prompt_hash}; raises RowError."""
+def nesting_depth(raw: str) -> int:
+    """How deep the JSON text nests arrays and objects (brackets inside strings ignored)."""
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRING.sub("", raw)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _not_json_constant(name: str) -> Any:
+    raise RowError(f"{name} is not a JSON value (write numbers as numbers, or null)")
+
+
+def _loads(raw: str) -> Any:
+    if raw.count("[") + raw.count("{") > MAX_DEPTH and nesting_depth(raw) > MAX_DEPTH:
+        raise RowError(f"JSON nested {nesting_depth(raw)} levels deep; at most {MAX_DEPTH} "
+                       f"are read")
     try:
-        row = json.loads(raw)
+        return json.loads(raw, parse_constant=_not_json_constant)
     except json.JSONDecodeError as exc:
         raise RowError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError as exc:  # int digit limit: "Exceeds the limit (4300 digits) ..."
+        raise RowError(f"not readable JSON: {exc}") from None
+
+
+def _text_problem(text: str) -> Optional[str]:
+    """Why a canonical JSON text cannot be sent or stored as is, or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        at = text[max(0, exc.start - 30):exc.start]
+        return (f"contains a lone surrogate \\u{ord(text[exc.start]):04x} after {at!r} (an "
+                f"emoji or other character cut in half, e.g. by an exporter): fix the line")
+    if "\\u0000" in text and _NUL.search(text):  # json.dumps writes NUL as the escape
+        return "contains a NUL character (\\u0000), which the model's tokenizer cannot take"
+    return None
+
+
+def parse_row(raw: str, problem: Optional[str] = None) -> dict[str, Any]:
+    """raw line -> {key, id, category, messages, tools, prompt_hash}; raises RowError.
+
+    ``problem``: what the reader found wrong with the line's bytes (jobs/io/sources.py)."""
+    if problem:
+        raise RowError(problem)
+    try:
+        return _parse(raw)
+    except RowError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a row must end as a verdict, never a crash
+        raise RowError(f"cannot read this row ({type(exc).__name__}: {exc})") from None
+
+
+def _parse(raw: str) -> dict[str, Any]:
+    row = _loads(raw)
     if not isinstance(row, dict):
         raise RowError(f"a row must be a JSON object, got {type(row).__name__}")
     try:  # ShareGPT, content parts, HF Parquet nulls -> canonical messages, before the key
@@ -127,20 +189,25 @@ def parse_row(raw: str) -> dict[str, Any]:
     if category is not None and not isinstance(category, str):
         raise RowError(f"category must be a string, got {type(category).__name__}")
     row_id, key = _check_id(row)
+    texts = {"messages": canonical_json(messages),  # as given: the engine sees the export's fields
+             "tools": canonical_json(tools) if tools else None,
+             "id": row_id, "category": category}
+    for name, text in texts.items():
+        trouble = text is not None and _text_problem(text)
+        if trouble:
+            raise RowError(f"{name} {trouble}")
     phash = prompt_key(messages, tools or None)
     return {"key": key if key is not None else phash,
             "id": row_id, "category": category or "none",
-            "messages": canonical_json(messages),  # as given: the engine sees the export's fields
-            "tools": canonical_json(tools) if tools else None,
-            "prompt_hash": phash}
+            "messages": texts["messages"], "tools": texts["tools"], "prompt_hash": phash}
 
 
 def validate_batch(batch: pa.Table) -> pa.Table:
     cols: dict[str, list] = {name: [] for name in VALIDATED.names}
-    for source, line, ordinal, raw in zip(*(batch.column(c).to_pylist()
-                                            for c in ("source", "line", "ordinal", "raw"))):
+    for source, line, ordinal, raw, problem in zip(*(
+            batch.column(c).to_pylist() for c in ("source", "line", "ordinal", "raw", "problem"))):
         try:
-            parsed, reason = parse_row(raw), None
+            parsed, reason = parse_row(raw, problem), None
         except RowError as exc:
             parsed, reason = {}, str(exc)
         for name, value in (("source", source), ("line", line), ("ordinal", ordinal),

@@ -42,7 +42,8 @@ class CountTokens:
 
 
 def count(cfg: RunConfig, inputs: list[Location]) -> np.ndarray:
-    ds = ray.data.read_datasource(PromptFiles(inputs, cfg.job.limit, cfg.job.batch_size),
+    ds = ray.data.read_datasource(PromptFiles(inputs, cfg.job.limit, cfg.job.batch_size,
+                                              max_line_bytes=cfg.job.max_line_bytes),
                                   num_cpus=pipeline.LIGHT_CPU)
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
                         num_cpus=pipeline.LIGHT_CPU)

@@ -21,9 +21,9 @@ from jobs.pipeline.validate import RowError, parse_row
 def _valid_rows(cfg: RunConfig) -> pd.DataFrame:
     rows = []
     for uri in cfg.job.input:
-        for _, raw in iter_rows(locate(uri, cfg.storage)):
+        for _, raw, problem in iter_rows(locate(uri, cfg.storage), None, cfg.job.max_line_bytes):
             try:
-                category = parse_row(raw)["category"]
+                category = parse_row(raw, problem)["category"]
             except RowError:
                 continue  # the full run reports rejects; a pilot just skips them
             rows.append({"category": category, "raw": raw})

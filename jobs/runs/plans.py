@@ -162,7 +162,8 @@ def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunSt
     from jobs.pipeline.admission import admit_inputs, describe_changes
     from jobs.io.storage import write_json_atomic
     started = time.monotonic()
-    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit)
+    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit,
+                             cfg.job.max_line_bytes)
     for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
         logger.warning("%s", line)
     write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})

@@ -200,7 +200,8 @@ def dry_run(cfg: RunConfig, mode: "RunMode") -> Summary:
                    stage.legacy_settings_hash)
     tally = RejectTally()
     retry_failed = mode.retry_failed
-    admission = admit_inputs(inputs, state.prior, retry_failed, tally.add, cfg.job.limit)
+    admission = admit_inputs(inputs, state.prior, retry_failed, tally.add, cfg.job.limit,
+                             cfg.job.max_line_bytes)
     if tally.total < admission.rejects:
         tally.add_known(store)
     text = plan_text(cfg, store, admission, tally, len(state.prior.done),

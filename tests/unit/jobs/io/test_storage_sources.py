@@ -15,7 +15,7 @@ from jobs.io.sources import (READ_CHUNK_BYTES, _blocks, count_rows, iter_jsonl_l
                           iter_parquet_rows, iter_rows)
 from jobs.io.storage import (is_local, list_files, locate, read_bytes, read_json,
                           write_bytes_atomic, write_json_atomic)
-from jobs.pipeline.validate import parse_row
+from jobs.pipeline.validate import RowError, parse_row
 
 STORAGE = StorageConfig()
 
@@ -89,8 +89,11 @@ def test_list_files_missing_folder_is_empty(tmp_path):
 
 # --- sources: JSONL ---------------------------------------------------------------------
 
-def lines_of(path) -> list[tuple[int, str]]:
-    return list(iter_jsonl_lines(locate(str(path), STORAGE)))
+def lines_of(path, **kw) -> list[tuple[int, str]]:
+    """(line, text) of every readable line; lines the reader found a problem in fail."""
+    got = list(iter_jsonl_lines(locate(str(path), STORAGE), **kw))
+    assert [problem for _, _, problem in got] == [None] * len(got), got
+    return [(n, text) for n, text, _ in got]
 
 
 def test_jsonl_numbering_with_blank_lines_and_no_final_newline(tmp_path):
@@ -145,10 +148,62 @@ def test_jsonl_crlf_lines_still_parse(tmp_path):
     assert all(parse_row(raw)["key"] for _, raw in got)
 
 
-def test_jsonl_invalid_utf8_is_replaced_not_fatal(tmp_path):
+def test_jsonl_invalid_utf8_is_a_problem_named_with_its_byte(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_bytes(b'{"a":"\xff"}\n')
-    assert lines_of(path) == [(1, '{"a":"\ufffd"}')]
+    path.write_bytes(b'{"a":1}\n{"a":"\xff"}\n{"a":3}\n')
+    got = list(iter_jsonl_lines(locate(str(path), STORAGE)))
+    assert [(n, problem) for n, _, problem in got][::2] == [(1, None), (3, None)]
+    n, text, problem = got[1]
+    assert n == 2 and text == '{"a":"\\xff"}'  # shown, never silently replaced
+    assert problem.startswith("not valid UTF-8: byte 0xff at byte 6 of the line")
+    with pytest.raises(RowError, match="not valid UTF-8"):
+        parse_row(text, problem)
+
+
+def test_a_line_longer_than_the_limit_is_a_problem_and_is_never_held_whole(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"a":1}\n' + b"x" * 5000 + b'\n{"a":3}')
+    got = list(iter_jsonl_lines(locate(str(path), STORAGE), max_line_bytes=1024))
+    assert [(n, p is None) for n, _, p in got] == [(1, True), (2, False), (3, True)]
+    _, text, problem = got[1]
+    assert len(text) == 1025 and "5,000 bytes" in problem  # limit + 1 bytes kept, at most
+    assert "job.max_line_bytes (1,024)" in problem
+
+
+def test_a_file_without_newlines_is_read_in_one_linear_pass(tmp_path, monkeypatch):
+    """Each byte is searched for a newline once: the old reader re-split everything
+    read so far at every chunk (quadratic)."""
+    monkeypatch.setattr(sources, "READ_CHUNK_BYTES", 1000)
+    searched = []
+
+    class CountingBytes(bytes):
+        def find(self, sub, start=0, *args):
+            searched.append(len(self) - start)
+            return bytes.find(self, sub, start, *args)
+
+    class Stream:
+        def __init__(self, path):
+            self.f = open(path, "rb")
+
+        def read(self, n):
+            return CountingBytes(self.f.read(n))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    class CountingFS:
+        def open_input_stream(self, path):
+            return Stream(path)
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"y" * 200_000)
+    loc = sources.Location(CountingFS(), str(path), str(path))
+    (got,) = iter_jsonl_lines(loc, max_line_bytes=1 << 20)
+    assert got[0] == 1 and got[2] is None and len(got[1]) == 200_000
+    assert sum(searched) == 200_000  # every byte searched once
 
 
 def test_blocks_respect_limit_and_block_size(tmp_path):
@@ -176,11 +231,11 @@ def test_parquet_rows_numbered_as_json(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=2)
     loc = locate(str(path), STORAGE)
     got = list(iter_parquet_rows(loc))
-    assert [n for n, _ in got] == [1, 2, 3, 4, 5]
-    assert [json.loads(raw) for _, raw in got] == rows
+    assert [n for n, _, _ in got] == [1, 2, 3, 4, 5]
+    assert [json.loads(raw) for _, raw, _ in got] == rows
     assert list(iter_rows(loc)) == got  # dispatch by suffix
     assert count_rows(loc) == 5
-    assert [parse_row(raw)["key"] for _, raw in got] == [f"r{i}" for i in range(5)]
+    assert [parse_row(raw)["key"] for _, raw, _ in got] == [f"r{i}" for i in range(5)]
 
 
 def test_parquet_batches_beyond_one_batch(tmp_path, monkeypatch):
@@ -188,8 +243,8 @@ def test_parquet_batches_beyond_one_batch(tmp_path, monkeypatch):
     path = tmp_path / "p.parquet"
     pq.write_table(pa.table({"i": list(range(10))}), path)
     got = list(iter_parquet_rows(locate(str(path), STORAGE)))
-    assert [n for n, _ in got] == list(range(1, 11))
-    assert [json.loads(raw)["i"] for _, raw in got] == list(range(10))
+    assert [n for n, _, _ in got] == list(range(1, 11))
+    assert [json.loads(raw)["i"] for _, raw, _ in got] == list(range(10))
 
 
 def test_parquet_non_json_types_become_strings(tmp_path):
@@ -197,7 +252,7 @@ def test_parquet_non_json_types_become_strings(tmp_path):
     path = tmp_path / "p.parquet"
     when = dt.datetime(2025, 1, 2, 3, 4, 5)
     pq.write_table(pa.table({"t": [when]}), path)
-    (_, raw), = iter_parquet_rows(locate(str(path), STORAGE))
+    (_, raw, _), = iter_parquet_rows(locate(str(path), STORAGE))
     assert json.loads(raw) == {"t": str(when)}
 
 
@@ -215,7 +270,7 @@ def test_parquet_mixed_tool_rows_validate(tmp_path):
     ]
     path = tmp_path / "p.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    raws = [raw for _, raw in iter_parquet_rows(locate(str(path), STORAGE))]
+    raws = [raw for _, raw, _ in iter_parquet_rows(locate(str(path), STORAGE))]
     assert json.loads(raws[0])["messages"][0]["tool_calls"] is None
     for raw in raws:
         parse_row(raw)  # must not raise RowError

@@ -145,7 +145,8 @@ def test_table_is_sixteen_bytes_per_key():
 def _validated(rows: list[tuple[str, int, str]]) -> pa.Table:
     return validate_batch(pa.table({
         "source": [s for s, _, _ in rows], "line": [n for _, n, _ in rows],
-        "ordinal": [ordinal_of(0, n) for _, n, _ in rows], "raw": [r for _, _, r in rows]}))
+        "ordinal": [ordinal_of(0, n) for _, n, _ in rows], "raw": [r for _, _, r in rows],
+        "problem": [None] * len(rows)}))
 
 
 def test_admit_batch_keeps_exactly_the_chosen_rows_every_time(tmp_path):

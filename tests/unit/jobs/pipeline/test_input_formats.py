@@ -63,7 +63,7 @@ def test_hf_parquet_rows_with_null_struct_fields_match_their_jsonl_twin(tmp_path
         {"role": "user", "content": "Hi", "tool_calls": None, "reasoning_content": None}]}])
     path = tmp_path / "train-00000-of-00001.parquet"
     pq.write_table(table, path)
-    [(line, raw)] = list(iter_parquet_rows(locate(str(path), StorageConfig())))
+    [(line, raw, _)] = list(iter_parquet_rows(locate(str(path), StorageConfig())))
     assert line == 1
     twin = {"messages": [{"role": "user", "content": "Hi"}]}
     assert parse_row(raw) == parse_row(json.dumps(twin))

@@ -201,7 +201,7 @@ def test_non_ascii_kept_in_canonical_json():
 def test_validate_batch_keeps_place_and_marks_only_bad_rows():
     raws = [row(id="a"), "{broken", row(messages=[]), row()]
     batch = pa.table({"source": ["s3://b/p.jsonl"] * 4, "line": [1, 2, 5, 9],
-                      "ordinal": [1, 2, 5, 9], "raw": raws})
+                      "ordinal": [1, 2, 5, 9], "raw": raws, "problem": [None] * 4})
     out = validate_batch(batch)
     assert out.schema == VALIDATED
     rows = out.to_pylist()
@@ -218,6 +218,7 @@ def test_validate_batch_keeps_place_and_marks_only_bad_rows():
 
 def test_validate_batch_empty():
     batch = pa.table({"source": pa.array([], pa.string()), "line": pa.array([], pa.int64()),
-                      "ordinal": pa.array([], pa.int64()), "raw": pa.array([], pa.string())})
+                      "ordinal": pa.array([], pa.int64()), "raw": pa.array([], pa.string()),
+                      "problem": pa.array([], pa.string())})
     out = validate_batch(batch)
     assert out.num_rows == 0 and out.schema == VALIDATED
