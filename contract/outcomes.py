@@ -107,6 +107,13 @@ class ReplicaUnavailable(RowOutcome):
     retryable, breaker = True, ENGINE
 
 
+class ReplicaTimeout(ReplicaUnavailable):
+    """A replica sent nothing back for longer than any of its rows may take (the engine's
+    request timeout and a margin): the replica or its engine is stuck; sent again."""
+
+    error_class = "replica_timeout"
+
+
 class ReplicaBackpressure(ReplicaUnavailable):
     """Serve refused the call: every replica's queue is full."""
 

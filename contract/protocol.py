@@ -8,7 +8,8 @@ GenerateResult is the ONE list of result columns: a field with ``column`` metada
 stored in data/ as the replica sent it, with that Parquet type (jobs/io/schema.py
 builds the data/ schema from it; tests/unit/contract/test_protocol.py keeps them in
 sync). The other fields stay on the wire: ``key`` (the job's own row key), ``text``
-(split into reasoning/answer) and the error fields (a failure goes to failures/).
+(split into reasoning/answer), the error fields (a failure goes to failures/) and
+``request_id`` (the sender's id of the request it answers).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class GenerateRequest:
     tools: Optional[list[dict[str, Any]]] = None
     input_ids: Optional[list[int]] = None   # ... or token-exact ids (continuation)
     prompt_len: Optional[int] = None        # with input_ids: how many are the prompt
+    request_id: str = ""                    # unique per send: results are matched by it
 
     __reduce__ = _by_position
 
@@ -69,6 +71,7 @@ class GenerateResult:
     replica: Optional[str] = _column("string")
     error_class: Optional[str] = None  # contract.outcomes routes the row by this name
     error_message: Optional[str] = None
+    request_id: str = ""  # the request's, echoed: a key sent twice still gets two answers
 
     __reduce__ = _by_position
 

@@ -141,11 +141,13 @@ class EngineReplica:
             raise  # Serve must replace this replica
         except Exception as exc:  # noqa: BLE001 - a bug on one row must not fail its call
             logger.exception("replica code raised on row %r", request.key)
-            return GenerateResult.failed(request.key, ReplicaError.error_class,
-                                         f"{type(exc).__name__}: {exc}", self.replica_id)
+            result = GenerateResult.failed(request.key, ReplicaError.error_class,
+                                           f"{type(exc).__name__}: {exc}", self.replica_id)
+        else:
+            self.metrics.record(request, result)
         finally:
             self._inflight -= 1
-        self.metrics.record(request, result)
+        result.request_id = request.request_id
         return result
 
     async def generate_many(self, requests: list[GenerateRequest]

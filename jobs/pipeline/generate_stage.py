@@ -37,7 +37,7 @@ class GenerateRows:
         self.stage = stage
         handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
         self.sender = RowSender(handle, stage.inflight_rows_per_actor, stage.rows_per_call,
-                                stage.call_linger_s)
+                                stage.call_linger_s, stage.call_timeout_s)
         self.retries = stage.retries
         self.breaker = Breaker(**stage.breaker.model_dump())
         self.category_label = CategoryCap(stage.metrics_category_limit)

@@ -25,16 +25,20 @@ from ray.exceptions import (ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from contract.outcomes import (DeploymentUnavailable, EngineError, ReplicaBackpressure,
-                               ReplicaError, ReplicaUnavailable, route)
+                               ReplicaError, ReplicaTimeout, ReplicaUnavailable, route)
 
 
 class CallIncomplete(RuntimeError):
     """A replica's result stream ended without some of its rows (they are sent again)."""
 
 
+class CallTimedOut(RuntimeError):
+    """A replica's result stream sent nothing before the call's deadline (sent again)."""
+
+
 # Exceptions raised by a handle call when the replica (not the row) is the problem.
 REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError, BackPressureError,
-                  DeploymentUnavailableError, RayTaskError, CallIncomplete)
+                  DeploymentUnavailableError, RayTaskError, CallIncomplete, CallTimedOut)
 
 class CircuitOpen(RuntimeError):
     """Too many engine failures in a row window: the fleet is down."""
@@ -64,8 +68,8 @@ def replica_error_class(exc: BaseException) -> str:
     if isinstance(getattr(exc, "cause", None), EngineError):
         return exc.cause.error_class  # e.g. engine_dead: retried on the replacement
     return {BackPressureError: ReplicaBackpressure,
-            DeploymentUnavailableError: DeploymentUnavailable}.get(
-                type(exc), ReplicaUnavailable).error_class
+            DeploymentUnavailableError: DeploymentUnavailable,
+            CallTimedOut: ReplicaTimeout}.get(type(exc), ReplicaUnavailable).error_class
 
 
 def backoff_s(attempt: int, initial_s: float, max_s: float) -> float:

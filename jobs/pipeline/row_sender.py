@@ -15,6 +15,12 @@ the simulator, minutes on GPUs).
 
 ``send(request, alone=True)`` gives a row a call of its own: after replica code raised
 on a shared call, each of its rows is sent alone so only the poison row fails.
+
+Results are matched to their rows by ``request_id`` (unique per send), not by row key:
+a call carrying one key twice (a duplicated row) still answers both. A call whose
+stream sends nothing for ``call_timeout_s`` (the engine's own request timeout plus a
+margin: no row can legitimately take longer) fails its waiting rows with CallTimedOut,
+so a stuck replica costs a retry, never a hang.
 """
 
 from __future__ import annotations
@@ -25,17 +31,19 @@ from collections import deque
 from typing import Any, Optional
 
 from contract.protocol import GenerateRequest, GenerateResult
-from jobs.pipeline.retry import CallIncomplete
+from jobs.pipeline.retry import CallIncomplete, CallTimedOut
 
 logger = logging.getLogger(__name__)
 
 
 class RowSender:
     def __init__(self, handle: Any, inflight_rows: int, rows_per_call: int,
-                 linger_s: float = 0.2):
+                 linger_s: float = 0.2, call_timeout_s: Optional[float] = None):
         self.stream = handle.options(stream=True)
         self.rows_per_call = rows_per_call
         self.linger_s = linger_s
+        self.call_timeout_s = call_timeout_s
+        self._sent = 0  # request ids: unique per send of this sender
         self._free = inflight_rows  # in-flight slots; only the dispatcher takes them
         self._queue: deque[tuple[GenerateRequest, asyncio.Future, bool]] = deque()
         self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
@@ -46,6 +54,8 @@ class RowSender:
         """The replica's result for one request; raises what the handle call raised."""
         if self._dispatcher is None or self._dispatcher.done():
             self._start()
+        self._sent += 1
+        request.request_id = f"{request.key}#{self._sent}"
         future = asyncio.get_running_loop().create_future()
         self._queue.append((request, future, alone))
         self._changed.set()
@@ -111,11 +121,29 @@ class RowSender:
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
 
+    async def _results(self, requests: list[GenerateRequest]):
+        """The call's stream, each result within the call's deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = None if self.call_timeout_s is None else loop.time() + self.call_timeout_s
+        stream = self.stream.generate_many.remote(requests).__aiter__()
+        while True:
+            timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+            try:
+                yield await asyncio.wait_for(stream.__anext__(), timeout)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise CallTimedOut(
+                    f"the replica sent no result for {self.call_timeout_s:.0f} s (longer than "
+                    f"any row may take): a stuck replica or engine") from None
+
     async def _call(self, chunk: list[tuple[GenerateRequest, asyncio.Future, bool]]) -> None:
-        waiting = {request.key: future for request, future, _ in chunk}
+        waiting = {request.request_id: (request.key, future) for request, future, _ in chunk}
         try:
-            async for result in self.stream.generate_many.remote([r for r, _, _ in chunk]):
-                future = waiting.pop(result.key, None)
+            async for result in self._results([r for r, _, _ in chunk]):
+                rid = getattr(result, "request_id", "") or next(  # a replica that predates ids
+                    (r for r, (key, _) in waiting.items() if key == result.key), None)
+                _, future = waiting.pop(rid, (None, None))
                 if future is not None:
                     self._release()
                     if not future.done():
@@ -123,7 +151,7 @@ class RowSender:
             if waiting:
                 raise CallIncomplete(f"generate_many ended without {len(waiting)} of its rows")
         except BaseException as exc:  # every row still waiting gets the call's error
-            for future in waiting.values():
+            for _, future in waiting.values():
                 self._release()
                 if not future.done():
                     future.set_exception(exc)

@@ -41,6 +41,7 @@ def output_settings(engine: Any, context_policy: str) -> dict[str, Any]:
 
 
 FRESH, RETRY_FAILED, CONTINUE, PILOT = "fresh", "retry-failed", "continue", "pilot"
+CALL_TIMEOUT_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class StageSettings:
     breaker: BreakerConfig
     metrics_category_limit: int
     continue_to: Optional[int] = None  # a continue run: rows are data/ rows to extend
+    call_timeout_s: Optional[float] = None  # no result from a replica for this long: stuck
 
     @classmethod
     def of(cls, cfg: RunConfig, mode: RunMode = RunMode()) -> "StageSettings":
@@ -105,4 +107,7 @@ class StageSettings:
             rows_per_call=job.rows_per_call, call_linger_s=job.call_linger_s,
             retries=job.retries, breaker=job.breaker,
             metrics_category_limit=job.metrics_category_limit,
-            continue_to=mode.continue_to if mode.continues else None)
+            continue_to=mode.continue_to if mode.continues else None,
+            # No row may take longer than the engine's own request timeout; the margin
+            # covers the replica's tokenize/detokenize calls around it.
+            call_timeout_s=cfg.engine.request_timeout_s + CALL_TIMEOUT_MARGIN_S)

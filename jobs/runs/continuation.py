@@ -4,7 +4,9 @@ For every key whose latest version ended by length below T, send prompt ids + ou
 ids (as ids: never re-tokenized, never re-templated) with budget T - generated, and
 write the result as the row's next version: the whole output, counts added up,
 budget_history extended. No generated token is thrown away; finished rows are not
-touched. Reruns continue only what is still truncated below T (idempotent).
+touched. Reruns continue only what is still truncated below T (idempotent). The rows
+are read by their place in the run index (its winners), never filtered from whole
+parts, so a row stored twice is continued once.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import ray.data
 from jobs.pipeline import chain as pipeline
 from jobs.config import RunConfig
 from jobs.io.digests import sorted_contains
-from jobs.io.run_index import RunIndex, data_row_digests, version_digests
+from jobs.io.run_index import RunIndex, version_digests
 from jobs.io.run_store import RunStore
+from jobs.io.schema import DATA
 from jobs.pipeline.settings import StageSettings
 from jobs.runs.errors import RunError
 
@@ -55,27 +58,39 @@ def check_settings_of(hashes: list[Optional[str]], settings_hash: str) -> None:
             f"would splice outputs of two settings; continue with the config that made them.")
 
 
-def _select(batch: pa.Table, wanted: np.ndarray) -> pa.Table:
-    return batch.filter(pa.array(sorted_contains(wanted, data_row_digests(batch))[0]))
-
-
-def parts_to_read(index: RunIndex, wanted: np.ndarray) -> list[str]:
-    """The data parts holding the latest versions to continue (no other part is read)."""
+def rows_to_read(index: RunIndex, wanted: np.ndarray) -> dict[str, list[int]]:
+    """data part path -> the row positions in it of the ``wanted`` latest versions: the
+    index's winners only, so a (key, version) written twice (a part rewritten after a
+    crash, a copy) is still sent once. Only these parts are read."""
     latest = index.latest
-    rows = sorted_contains(wanted, version_digests(latest["digest"], latest["version"]))[0]
-    return sorted({index.part_paths[p] for p in np.unique(latest["part"][rows])})
+    rows = np.flatnonzero(sorted_contains(wanted, version_digests(latest["digest"],
+                                                                 latest["version"]))[0])
+    chosen: dict[str, list[int]] = collections.defaultdict(list)
+    for part, row in zip(latest["part"][rows].tolist(), latest["row"][rows].tolist()):
+        chosen[index.part_paths[part]].append(row)
+    return {path: sorted(rows) for path, rows in sorted(chosen.items())}
 
 
-def build(cfg: RunConfig, store: RunStore, parts: list[str], wanted: np.ndarray,
+def _read_rows(batch: pa.Table, run_uri: str, storage) -> pa.Table:
+    """map_batches: each (path, rows) item -> those rows of that data part."""
+    store = RunStore(run_uri, storage)
+    tables = [store.read_part(path).take(pa.array(rows, pa.int64()))
+              for path, rows in zip(batch.column("path").to_pylist(),
+                                    batch.column("rows").to_pylist())]
+    tables = [t for t in tables if t.num_rows]  # a part quarantined since: not done
+    return pa.concat_tables(tables) if tables else DATA.empty_table()
+
+
+def build(cfg: RunConfig, store: RunStore, rows: dict[str, list[int]],
           stage: StageSettings) -> ray.data.Dataset:
-    """Continue the ``wanted`` rows, read from ``parts`` (parts_to_read), to
-    ``stage.continue_to`` tokens."""
-    # read_parquet needs a file even when nothing is left to continue: _select keeps no row
-    ds = ray.data.read_parquet(parts or store.part_paths("data")[:1], filesystem=store.root.fs,
-                               num_cpus=pipeline.LIGHT_CPU, concurrency=pipeline.LIGHT_TASKS)
-    ds = ds.map_batches(_select, batch_format="pyarrow", fn_kwargs={"wanted": wanted},
-                        num_cpus=pipeline.LIGHT_CPU, compute=pipeline.light_tasks(),
-                        batch_size=cfg.job.batch_size)
+    """Continue the chosen rows (rows_to_read) to ``stage.continue_to`` tokens."""
+    if not rows:  # nothing to continue: an empty dataset of data/ rows
+        return pipeline.generate(ray.data.from_arrow(DATA.empty_table()), cfg, stage)
+    items = [{"path": path, "rows": positions} for path, positions in rows.items()]
+    ds = ray.data.from_items(items).map_batches(
+        _read_rows, batch_format="pyarrow", batch_size=1,
+        fn_kwargs={"run_uri": store.uri, "storage": cfg.storage},
+        num_cpus=pipeline.LIGHT_CPU, compute=pipeline.light_tasks())
     return pipeline.generate(ds, cfg, stage)
 
 

@@ -54,10 +54,10 @@ def continue_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state
     total = input_total(store, inputs, cfg.job.limit)
     target = continuation.check_total(cfg, mode.continue_to)
     wanted = continuation.to_continue(state.index, target, stage.settings_hash)
-    parts = continuation.parts_to_read(state.index, wanted)
+    rows = continuation.rows_to_read(state.index, wanted)
     logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
     return Plan(total, expect_all=False,
-                build=lambda: continuation.build(cfg, store, parts, wanted, stage))
+                build=lambda: continuation.build(cfg, store, rows, stage))
 
 
 def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -> int:

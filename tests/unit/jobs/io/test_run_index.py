@@ -15,7 +15,7 @@ from jobs.io.digests import key_digest
 from jobs.io.run_index import RunIndex, latest_rows, row_ids
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA, FAILURES, REJECTS
-from jobs.runs.continuation import parts_to_read, to_continue
+from jobs.runs.continuation import rows_to_read, to_continue
 from tests.support.run_rows import T0, failure_row, make_row
 
 SCHEMAS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
@@ -231,7 +231,20 @@ def test_continuation_reads_only_parts_with_rows_to_continue(store):
     index = RunIndex.open(store)
     wanted = to_continue(index, 8192)
     assert wanted.tolist() == [key_digest("cut")]
-    assert parts_to_read(index, wanted) == [cut]
+    assert rows_to_read(index, wanted) == {cut: [0]}
+
+
+def test_a_row_stored_twice_is_continued_once(store):
+    """The same (key, version) in two parts (a part written again after a crash, under
+    another name): the continuation reads the index's winner only, never both copies."""
+    row = make_row("cut", finish_reason="length", completion_tokens=10)
+    first = write(store, "data", [make_row("x"), row])
+    second = write(store, "data", [row, make_row("y")])
+    index = RunIndex.open(store)
+    wanted = to_continue(index, 8192)
+    chosen = rows_to_read(index, wanted)
+    assert sum(len(rows) for rows in chosen.values()) == 1, chosen
+    assert chosen in ({first: [1]}, {second: [0]})
 
 
 def test_an_open_merged_in_chunks_picks_the_same_rows(store, monkeypatch):

@@ -255,3 +255,55 @@ def test_a_poison_row_fails_alone_and_is_not_retried():
     assert "KeyError" in bad["error_message"] and bad["attempts"] == 1
     assert handle.calls[0] == keys  # one shared call first ...
     assert sorted(handle.calls[1:]) == [["a"], ["b"], ["bad"], ["c"]]  # ... then one each
+
+
+class EchoingHandle(StreamingHandle):
+    """A replica that echoes each request's request_id, as EngineReplica.generate does."""
+
+    async def _one(self, request):
+        await asyncio.sleep(self.delay.get(request.key, 0.01))
+        return SimpleNamespace(key=request.key, echo=request.n, request_id=request.request_id)
+
+
+def test_a_key_sent_twice_in_one_call_gets_both_answers():
+    """Futures were keyed by row key: the second request of a key overwrote the first
+    one's future, which then waited forever (a continuation of a duplicated row)."""
+    handle = EchoingHandle()
+    sender = RowSender(handle, inflight_rows=8, rows_per_call=8, linger_s=0.05)
+    twins = [SimpleNamespace(key="same", n=1), SimpleNamespace(key="same", n=2),
+             SimpleNamespace(key="other", n=3)]
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(*(sender.send(r) for r in twins)), 5)
+
+    results = run_virtual(main)
+    assert [r.echo for r in results] == [1, 2, 3]
+    assert handle.calls == [["same", "same", "other"]]  # they did share one call
+    assert sender._free == 8  # every slot came back
+
+
+def test_a_replica_without_request_ids_is_still_matched_by_key():
+    handle = StreamingHandle()  # answers carry no request_id (an older replica)
+    sender = RowSender(handle, inflight_rows=4, rows_per_call=4, linger_s=0.05)
+
+    async def main():
+        return await asyncio.gather(*(sender.send(r) for r in requests(3)))
+    assert [r.echo for r in run_virtual(main)] == [0, 1, 2]
+
+
+def test_a_stuck_stream_fails_its_rows_at_the_call_deadline():
+    """A replica that never answers (stopped, deadlocked) costs its rows a retryable
+    error after call_timeout_s, never a hang."""
+    from jobs.pipeline.retry import CallTimedOut, replica_error_class
+    handle = StreamingHandle(delay={"k1": 10_000.0})  # k1 never comes back in time
+    sender = RowSender(handle, inflight_rows=4, rows_per_call=4, linger_s=0.01,
+                       call_timeout_s=30.0)
+
+    async def main():
+        return await asyncio.gather(*(sender.send(r) for r in requests(2)),
+                                    return_exceptions=True)
+    got = run_virtual(main)
+    assert got[0].echo == 0  # what came back in time is kept
+    assert isinstance(got[1], CallTimedOut) and "no result for 30 s" in str(got[1])
+    assert replica_error_class(got[1]) == "replica_timeout"
+    assert sender._free == 4
