@@ -106,6 +106,13 @@ class JobConfig(StrictModel):
     retries: RetryConfig = Field(default_factory=RetryConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     progress_interval_s: float = Field(5.0, gt=0)
+    stall_factor: float = Field(
+        5.0, gt=1, description="The watchdog ends a session as `stalled` (exit 1, lease "
+        "released) when no part becomes durable for max(stall_min_s, stall_factor x the "
+        "longest gap between durable parts so far); before the session's first part, for "
+        "engine.request_timeout_s + stall_min_s.")
+    stall_min_s: float = Field(
+        300.0, gt=0, description="The watchdog's shortest limit (see stall_factor).")
     lease_timeout_s: float = Field(
         120.0, gt=0, description="One job per run: the driver renews <run>/lease.json every "
         "third of this; a lease not renewed for this long (driver killed) is taken over by "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
 from ray import serve
@@ -98,6 +99,7 @@ class EngineReplica:
                                    reserved_tokens=self.cfg.reserved_tokens)
         self.metrics = ReplicaMetrics(self.cfg.model_name)
         self._inflight = 0
+        self._last_result_at: Optional[float] = None  # wall time of the last finished row
         self._relay_task: asyncio.Task | None = None
 
     def _ensure_relay(self) -> None:
@@ -125,6 +127,8 @@ class EngineReplica:
                 # What the engine's scheduler really runs at once, not what we asked for.
                 "max_running_requests": (effective_running_cap(server_info)
                                          or self.cfg.max_running_requests),
+                # What the job's watchdog reads to name a stuck stage (jobs/runs/watchdog.py).
+                "inflight": self._inflight, "last_result_at": self._last_result_at,
                 "server_info": server_info}
 
     async def count_prompt_tokens(self, prompts: list[dict[str, Any]]) -> list[int]:
@@ -147,6 +151,7 @@ class EngineReplica:
             self.metrics.record(request, result)
         finally:
             self._inflight -= 1
+            self._last_result_at = time.time()
         result.request_id = request.request_id
         return result
 

@@ -16,11 +16,12 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io.storage import write_json_atomic
+from jobs.runs.watchdog import Watchdog
 
 logger = logging.getLogger("raygen")
 RATE_WINDOW_S = 120.0
@@ -29,9 +30,11 @@ RATE_WINDOW_S = 120.0
 class ProgressTracker:
     def __init__(self, store: RunStore, total: int, run: str, model: str,
                  interval_s: float, gauges: Optional[Any] = None,
-                 index: Optional[RunIndex] = None):
+                 index: Optional[RunIndex] = None, watchdog: Optional[Watchdog] = None,
+                 on_stall: Optional[Callable[[float, float], None]] = None):
         self.store, self.total, self.run, self.model = store, total, run, model
         self.interval_s, self.gauges = interval_s, gauges
+        self.watchdog, self.on_stall = watchdog, on_stall  # fed from the thread's scans
         self.index = index if index is not None else RunIndex(store)
         self.started = time.time()
         self._history: collections.deque = collections.deque()
@@ -62,6 +65,10 @@ class ProgressTracker:
                 logger.warning("progress update failed: %s", exc)
                 if self.gauges is not None and self.last is not None:
                     self.gauges.set(self.last)  # gauges vanish ~20 s after the last set()
+            if self.watchdog is not None and self.on_stall is not None:
+                overdue = self.watchdog.observe(len(self.index.seen))
+                if overdue:
+                    self.on_stall(*overdue)
 
     def stop(self, status: str) -> dict[str, Any]:
         self._stop.set()

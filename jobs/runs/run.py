@@ -259,10 +259,24 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     from jobs.pipeline import chain as pipeline
     from jobs.runs.job_metrics import JobGauges, dashboard_url
     from jobs.runs.progress import ProgressTracker
+    from jobs.runs.watchdog import Watchdog, diagnose
 
+    stalled: dict[str, str] = {}
+
+    def on_stall(silent_s: float, limit_s: float) -> None:  # in the progress thread
+        import _thread
+        stage = diagnose(cfg.serve.app_name, cfg.serve.deployment_name, limit_s)
+        stalled["reason"] = (f"stalled: no row became durable for {silent_s:.0f} s (the "
+                             f"watchdog's limit: {limit_s:.0f} s, job.stall_factor/"
+                             f"stall_min_s); {stage}. Rerun the same command to resume.")
+        logger.error("run %s %s", cfg.job.run_name, stalled["reason"])
+        _write_status_now(progress, "stalled")
+        _thread.interrupt_main()  # the pipeline's wait ends; the lease is released below
+
+    watchdog = Watchdog(cfg.job.stall_factor, cfg.job.stall_min_s, cfg.engine.request_timeout_s)
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s, JobGauges.for_config(cfg),
-                               index=index).start()
+                               index=index, watchdog=watchdog, on_stall=on_stall).start()
     url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
     if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
         logger.info("raygen dashboard for this run: %s", url)
@@ -281,8 +295,12 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
         status = "stopped"
         if lease is not None and lease.lost:
             error = f"stopped: {lease.lost} (one job per run)"
+        if stalled:  # the watchdog interrupted the pipeline
+            status, error = "stalled", stalled["reason"]
     except Exception as exc:  # noqa: BLE001 - reported below with the cause
         status, error = _classify_failure(exc, stop_exc)
+        if stalled:  # the interrupt surfaced wrapped in the pipeline's own error
+            status, error = "stalled", stalled["reason"]
     finally:
         _STOP_HOOKS.remove(on_stop)
         if status != "succeeded":

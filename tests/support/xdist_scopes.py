@@ -44,6 +44,7 @@ LONGEST_FIRST = (
     "tests/integration/sglang/",           # the pool of real SGLang engines
     "tests/integration/test_metrics_live.py",
     "tests/integration/test_node_loss.py",
+    "tests/integration/test_stalls.py",
     "tests/integration/test_exactly_once.py",
     "tests/integration/test_operator_safety.py",
     "tests/integration/test_admission_faults.py",
