@@ -50,7 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs.analysis.finalize import FinalizeError, check_not_running, pick_latest
+from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
+from jobs.io.run_index import read_latest
 from jobs.io.run_store import RunStore
 from jobs.io.storage import Location, list_files, locate, write_bytes_atomic, write_json_atomic
 from serve_apps.chat_format import THINK_END, THINK_START
@@ -289,17 +290,21 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
     except FileNotFoundError:
         pass
     columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
-    writer, dropped = ShardWriter(out, fmt, file_type, rows_per_file), {}
-    for path, rows in picks.rows.items():
-        part = store.read_part(path, columns)
-        if not part.num_rows:  # quarantined since the index read its sidecar: not done
+    writer, dropped, damaged = ShardWriter(out, fmt, file_type, rows_per_file), {}, {}
+    for path, part, expected in read_latest(store, picks.index, columns, verify=True):
+        if part.num_rows < expected:  # damaged: quarantined by the read
+            damaged[path] = expected - part.num_rows
+        if not part.num_rows:
             continue
-        kept = filters.apply(part.take(pa.array(rows)), dropped)
+        kept = filters.apply(part, dropped)
         if fmt == "pretokenized" and file_type == "jsonl":
             writer.add_lines(pretokenized_lines(kept))
         else:
             writer.add(RECORDS[fmt](row) for row in kept.to_pylist())
     writer.cut()
+    if damaged:  # no manifest: the folder reads as incomplete
+        raise ExportError(f"run {store.uri}: {damage_note(damaged)}. Rerun the job, then "
+                          f"export again")
     _remove_stale(out, {f["name"] for f in writer.files})
     elapsed = time.monotonic() - started
     rows = sum(f["rows"] for f in writer.files)

@@ -39,11 +39,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.io.run_index import RunIndex
+from jobs.io.run_index import RunIndex, read_latest
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
 from jobs.io.storage import list_files, write_bytes_atomic, write_json_atomic
@@ -61,7 +60,7 @@ class FinalizeError(RuntimeError):
 
 @dataclass
 class Picks:
-    rows: dict[str, np.ndarray]       # data part path -> winning row positions, ascending
+    index: RunIndex                   # which row of which part is each key's latest
     keys: int                         # one winner per key
     data_rows: int                    # rows of every version
     data_files: int
@@ -71,8 +70,14 @@ class Picks:
 def pick_latest(store: RunStore) -> Picks:
     """The latest version of every key, from the run index (the parts' sidecars)."""
     index = RunIndex.open(store)
-    return Picks(index.winners_by_part(), len(index.done), index.data_rows,
-                 len(index.part_paths), len(index.open_failed()))
+    return Picks(index, len(index.done), index.data_rows, len(index.part_paths),
+                 len(index.open_failed()))
+
+
+def damage_note(damaged: dict[str, int]) -> str:
+    return (f"{sum(damaged.values())} rows of {len(damaged)} data part(s) were found damaged "
+            f"and moved to quarantine/ ({', '.join(sorted(damaged))}); the next run of the "
+            f"job regenerates them")
 
 
 def _write_part(store: RunStore, index: int, table: pa.Table) -> dict[str, Any]:
@@ -89,6 +94,7 @@ def _write_part(store: RunStore, index: int, table: pa.Table) -> dict[str, Any]:
 class Written:
     files: list[dict[str, Any]] = field(default_factory=list)
     tallies: dict[str, Counter] = field(default_factory=lambda: {k: Counter() for k in TALLIED})
+    damaged: dict[str, int] = field(default_factory=dict)  # part -> winners it lost
 
 
 def write_parts(store: RunStore, picks: Picks, rows_per_file: int) -> Written:
@@ -106,11 +112,14 @@ def write_parts(store: RunStore, picks: Picks, rows_per_file: int) -> Written:
             table = table.slice(n)
         return [table] if table.num_rows else []
 
-    for path, rows in picks.rows.items():
-        part = store.read_part(path)
-        if not part.num_rows:  # quarantined since the index read its sidecar: not done
+    # Every part read whole and checked against its sidecar's sha256: a part damaged
+    # without changing its size is found here, not trusted.
+    for path, part, expected in read_latest(store, picks.index, verify=True):
+        if part.num_rows < expected:
+            out.damaged[path] = expected - part.num_rows
+        if not part.num_rows:
             continue
-        winners = part.select(DATA.names).cast(DATA).take(pa.array(rows))
+        winners = part.select(DATA.names).cast(DATA)
         for name, column in TALLIED.items():
             out.tallies[name].update(str(v) for v in winners.column(column).to_pylist())
         buffer.append(winners)
@@ -121,14 +130,17 @@ def write_parts(store: RunStore, picks: Picks, rows_per_file: int) -> Written:
     return out
 
 
-def missing_parts(store: RunStore, picks: Picks) -> dict[str, Any]:
+def missing_parts(store: RunStore, picks: Picks,
+                  damaged: Optional[dict[str, int]] = None) -> dict[str, Any]:
     """What keeps the run from being complete ({} when nothing does)."""
     progress = store.read_json("progress.json") or {}
     missing = {"status": progress.get("status", "unknown"),
                "prompts_without_result": int(progress.get("remaining") or 0),
                "open_failures": picks.open_failures}
+    if damaged:
+        missing["damaged_parts"] = dict(sorted(damaged.items()))
     if (missing["status"] == "succeeded" and not missing["prompts_without_result"]
-            and not missing["open_failures"]):
+            and not missing["open_failures"] and not damaged):
         return {}
     return missing
 
@@ -183,6 +195,11 @@ def finalize(store: RunStore, force: bool = False, rows_per_file: int = ROWS_PER
     except FileNotFoundError:
         pass
     written = write_parts(store, picks, rows_per_file)
+    if written.damaged:
+        if not allow_partial:  # final/ keeps no manifest: it reads as incomplete
+            raise FinalizeError(f"run {store.uri}: {damage_note(written.damaged)}. Rerun the "
+                                f"job, then finalize (or --allow-partial: complete=false)")
+        missing = missing_parts(store, picks, written.damaged)
     _remove_stale(store, {f["name"] for f in written.files})
     manifest = build_manifest(store, picks, written, rows_per_file, missing)
     write_json_atomic(manifest_loc, manifest)

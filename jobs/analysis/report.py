@@ -59,7 +59,7 @@ def load_latest(store: RunStore, index: Optional[RunIndex] = None) -> tuple[pd.D
     if index is None:
         index = RunIndex(store)
     index.refresh()
-    tables = list(read_latest(store, index, REPORT_COLUMNS))
+    tables = [t for _, t, _ in read_latest(store, index, REPORT_COLUMNS)]
     table = pa.concat_tables(tables) if tables else pa.schema(
         [DATA.field(c) for c in REPORT_COLUMNS]).empty_table()
     df = table.to_pandas()

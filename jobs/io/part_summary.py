@@ -14,7 +14,9 @@ per part row in the part's order:
 - rejects:  reject_id (content identity; parts that predate it: source:line)
 
 Schema metadata: the part's size in bytes (a sidecar whose size differs from the listed
-part's describes an earlier upload of that name: stale, rebuilt), the outcome events
+part's describes an earlier upload of that name: stale, rebuilt), the sha256 of the
+part's bytes (format 2; readers of whole parts check it, so bytes that changed without
+changing the size are damage, not data), the outcome events
 (failures/retries/rejects by class, for the job's counters) and, for data, the rows per
 (settings_hash, first budget), which resume checks against the config.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import json
-from typing import Any
+from typing import Any, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +33,10 @@ import pyarrow.compute as pc
 from jobs.io.digests import digests_of
 from jobs.pipeline.rows import reject_reason_class
 
-FORMAT = "1"
+# Format 2 adds part_sha256; format 1 sidecars (written before it) are read as they are:
+# their parts are checked by Parquet's own page checksums only.
+FORMAT = "2"
+READABLE_FORMATS = ("1", "2")
 INDEX = "index"   # <run>/index/<kind>/
 SUFFIX = ".arrow"
 # Part columns a summary is made from (what a rebuild reads).
@@ -67,7 +72,8 @@ def _retries(table: pa.Table) -> collections.Counter:
                                for c in classes or ())
 
 
-def summarize(kind: str, table: pa.Table, part_bytes: int) -> pa.Table:
+def summarize(kind: str, table: pa.Table, part_bytes: int,
+              part_sha256: Optional[str] = None) -> pa.Table:
     """The sidecar of a part holding ``table`` (at least SOURCE_COLUMNS[kind])."""
     meta: dict[str, Any] = {"events": {}}
     if kind == "data":
@@ -98,7 +104,7 @@ def summarize(kind: str, table: pa.Table, part_bytes: int) -> pa.Table:
     summary = pa.table(cols)
     return summary.replace_schema_metadata({
         "format": FORMAT, "kind": kind, "part_bytes": str(part_bytes),
-        "summary": json.dumps(meta, sort_keys=True)})
+        "part_sha256": part_sha256 or "", "summary": json.dumps(meta, sort_keys=True)})
 
 
 def encode(summary: pa.Table) -> bytes:
@@ -116,12 +122,18 @@ def decode(data: bytes, kind: str, part_bytes: int) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as exc:
         raise BadSidecar(f"unreadable: {exc}") from exc
     meta = table.schema.metadata or {}
-    if meta.get(b"format") != FORMAT.encode() or meta.get(b"kind") != kind.encode():
-        raise BadSidecar(f"not a {kind} sidecar of format {FORMAT}")
+    if (meta.get(b"format", b"").decode() not in READABLE_FORMATS
+            or meta.get(b"kind") != kind.encode()):
+        raise BadSidecar(f"not a {kind} sidecar of format {'/'.join(READABLE_FORMATS)}")
     if meta.get(b"part_bytes") != str(part_bytes).encode():
         raise BadSidecar(f"describes a part of {meta.get(b'part_bytes', b'?').decode()} "
                          f"bytes, the part has {part_bytes}")
     return table
+
+
+def checksum(summary: pa.Table) -> Optional[str]:
+    """The sha256 of the part's bytes the sidecar recorded (None for format 1)."""
+    return (summary.schema.metadata or {}).get(b"part_sha256", b"").decode() or None
 
 
 def details(summary: pa.Table) -> dict[str, Any]:

@@ -29,6 +29,7 @@ then the part whose path sorts last, then the later row in that part.
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
@@ -111,6 +112,7 @@ class RunIndex:
         self.settings: list[Optional[str]] = []     # settings code -> settings_hash
         self.data_rows = 0                           # rows of every version
         self.seen: set[str] = set()                  # paths of the parts read whole
+        self.checksums: dict[str, str] = {}          # part path -> sha256 its sidecar holds
         self.bytes_written, self.last_write_ts, self.quarantined = 0, 0.0, 0
         # (metric, label) of outcomes in parts first seen since the caller last cleared
         # it: the job's failure/retry/reject counters come from durable rows.
@@ -144,6 +146,9 @@ class RunIndex:
                     if summary is None:  # quarantined or gone: its rows are not done, and
                         continue         # a part written again under its name is new
                     self._note_part(info)
+                    sha256 = part_summary.checksum(summary)
+                    if sha256:
+                        self.checksums[info.path] = sha256
                     for metric, labels in part_summary.details(summary)["events"].items():
                         self.events += [(metric, label) for label, n in sorted(labels.items())
                                         for _ in range(n)]
@@ -177,7 +182,9 @@ class RunIndex:
         table = self.store.read_part(info.path, part_summary.SOURCE_COLUMNS[kind])
         if not table.num_rows:  # quarantined by this read, or by another reader meanwhile
             return None, "part"
-        summary = part_summary.summarize(kind, table, info.size)
+        # Rebuilt: the part as it is now is what later reads are checked against.
+        sha256 = hashlib.sha256(self.store.part_bytes(info.path)).hexdigest()
+        summary = part_summary.summarize(kind, table, info.size, sha256)
         try:
             write_bytes_atomic(loc, part_summary.encode(summary))
         except OSError as exc:  # a read-only reader still gets its answer
@@ -323,12 +330,17 @@ def _in_order(pool: ThreadPoolExecutor, fn, items: list, window: int):
         yield pending.popleft().result()
 
 
-def read_latest(store: RunStore, index: RunIndex, columns: list[str]) -> Iterable[pa.Table]:
-    """``columns`` of every key's latest row, one table per data part (streaming)."""
+def read_latest(store: RunStore, index: RunIndex, columns: Optional[list[str]] = None,
+                verify: bool = False) -> Iterable[tuple[str, pa.Table, int]]:
+    """(part path, ``columns`` of its keys' latest rows, how many it should hold) per
+    data part, streaming. ``verify``: read each part whole and check its bytes against
+    the sha256 its sidecar recorded (what the dataset is made of: finalize, export). A
+    part found damaged is quarantined and yields no rows: the caller sees the shortfall."""
     for path, rows in index.winners_by_part().items():
-        table = store.read_part(path, columns)
-        if table.num_rows:  # quarantined since the index read its sidecar: not done
-            yield table.take(pa.array(rows))
+        table = store.read_part(path, columns, index.checksums.get(path) if verify else None)
+        if table.num_rows:  # else: quarantined since the index read its sidecar: not done
+            table = table.take(pa.array(rows))
+        yield path, table, len(rows)
 
 
 def describe(index: RunIndex) -> dict[str, Any]:

@@ -17,11 +17,12 @@ the run index (jobs/io/run_index.py), which reads the small sidecars instead of 
 parts; the parts stay the truth: a sidecar missing (a crash between part and sidecar),
 unreadable or stale is rebuilt from its part, a sidecar without its part is ignored.
 
-A part that cannot be read (garbage, truncated, wrong schema) must not brick the run:
-``read_part`` moves it to quarantine/ with the reason and reads it as no rows, so every
-reader (resume, progress, report, finalize, export) goes on and the next run
-regenerates those rows. Storage errors (network, permissions) are not damage and
-propagate: only a part whose bytes were read and found bad is moved.
+A part that cannot be read (garbage, truncated, wrong schema, a page whose checksum
+fails, bytes whose sha256 is not its sidecar's) must not brick the run: ``read_part``
+moves it to quarantine/ with the reason and reads it as no rows, so every reader
+(resume, progress, report, finalize, export) goes on and the next run regenerates
+those rows. Storage errors (network, permissions) are not damage and propagate: only a
+part whose bytes were read and found bad is moved.
 """
 
 from __future__ import annotations
@@ -79,15 +80,18 @@ class RunStore:
         it raises."""
         table = table.select(KINDS[kind].names).cast(KINDS[kind])
         buf = io.BytesIO()
-        pq.write_table(table, buf, compression="zstd")
+        # Page checksums: every reader then verifies each page it decodes.
+        pq.write_table(table, buf, compression="zstd", write_page_checksum=True)
+        data = buf.getvalue()
+        sha256 = hashlib.sha256(data).hexdigest()
         name = part_name(row_ids)
         loc = self.loc(kind, name)
         problem = ""
         for _ in range(WRITE_ATTEMPTS):
-            put_verified(loc, buf.getvalue(), self.storage)
+            put_verified(loc, data, self.storage)
             problem = self.verify_part(loc.path, kind, table.num_rows)
             if not problem:
-                self.write_sidecar(kind, name, table, len(buf.getvalue()))
+                self.write_sidecar(kind, name, table, len(data), sha256)
                 return name
             logger.warning("part %s read back damaged (%s): rewriting it", loc.uri, problem)
         raise DamagedPart(f"part {loc.uri} still damaged after {WRITE_ATTEMPTS} writes: "
@@ -106,9 +110,10 @@ class RunStore:
     def sidecar_loc(self, kind: str, part_name: str) -> Location:
         return self.loc(part_summary.INDEX, kind, part_summary.sidecar_name(part_name))
 
-    def write_sidecar(self, kind: str, name: str, table: pa.Table, part_bytes: int) -> None:
+    def write_sidecar(self, kind: str, name: str, table: pa.Table, part_bytes: int,
+                      part_sha256: Optional[str] = None) -> None:
         """The part's sidecar; a failed write only costs a rebuild from the part later."""
-        summary = part_summary.summarize(kind, table, part_bytes)
+        summary = part_summary.summarize(kind, table, part_bytes, part_sha256)
         try:
             write_bytes_atomic(self.sidecar_loc(kind, name), part_summary.encode(summary))
         except OSError as exc:
@@ -118,32 +123,68 @@ class RunStore:
     def part_paths(self, kind: str) -> list[str]:
         return [info.path for info in list_files(self.loc(kind), ".parquet")]
 
-    def read_part(self, path: str, columns: Optional[list[str]] = None) -> pa.Table:
+    def read_part(self, path: str, columns: Optional[list[str]] = None,
+                  sha256: Optional[str] = None) -> pa.Table:
         """The part's rows (``columns`` of its kind's schema); a damaged part is moved
-        to quarantine/ and reads as no rows."""
+        to quarantine/ and reads as no rows. ``sha256``: what its sidecar recorded; the
+        whole part is then read and its bytes checked against it."""
         kind = posixpath.basename(posixpath.dirname(path))
         try:
-            return self.load_part(path, kind, columns)
+            return self.load_part(path, kind, columns, sha256)
         except FileNotFoundError:  # another reader quarantined it a moment ago
             return _empty(kind, columns)
         except (DamagedPart, *_DAMAGE) as exc:
             self.quarantine(path, f"{type(exc).__name__}: {exc}")
             return _empty(kind, columns)
 
-    def load_part(self, path: str, kind: str,
-                  columns: Optional[list[str]] = None) -> pa.Table:
-        """Read and check one part; raises DamagedPart (or pyarrow's error) if bad."""
-        schema = KINDS.get(kind)
+    def part_bytes(self, path: str) -> bytes:
+        """The part's bytes (storage errors raise: they are not damage)."""
         with self.root.fs.open_input_file(path) as f:
-            pf = pq.ParquetFile(f)
-            wanted = columns or (schema.names if schema else pf.schema_arrow.names)
-            missing = [c for c in wanted if c not in pf.schema_arrow.names]
-            if set(missing) - LATER_COLUMNS:
-                raise DamagedPart(f"wrong schema: no column(s) {', '.join(missing)}")
-            table = pf.read(columns=[c for c in wanted if c not in missing])
-            if table.num_rows != pf.metadata.num_rows:
-                raise DamagedPart(f"read {table.num_rows} rows, footer says "
-                                  f"{pf.metadata.num_rows}")
+            return f.read()
+
+    def load_part(self, path: str, kind: str, columns: Optional[list[str]] = None,
+                  sha256: Optional[str] = None) -> pa.Table:
+        """Read and check one part; raises DamagedPart (or pyarrow's error) if bad.
+
+        Bytes read whole (with ``sha256``, or after a streaming read failed) are checked
+        and decoded in memory, so a storage error (raised by the read) is never taken
+        for damage, and a decode error of bytes that did arrive (zstd, a page checksum)
+        always is."""
+        if sha256 is not None:
+            data = self.part_bytes(path)
+            got = hashlib.sha256(data).hexdigest()
+            if got != sha256:
+                raise DamagedPart(f"its bytes changed since it was written (sha256 {got[:16]}, "
+                                  f"its sidecar says {sha256[:16]}; same size: bit rot, or a "
+                                  f"write that never reached the disk)")
+            return self._decode_bytes(data, kind, columns)
+        try:
+            with self.root.fs.open_input_file(path) as f:
+                return self._decode(f, kind, columns)
+        except FileNotFoundError:
+            raise
+        except OSError:  # the storage, or a decode error in what it sent: read it whole
+            return self._decode_bytes(self.part_bytes(path), kind, columns)
+
+    def _decode_bytes(self, data: bytes, kind: str, columns: Optional[list[str]]) -> pa.Table:
+        try:
+            return self._decode(pa.BufferReader(data), kind, columns)
+        except (DamagedPart, *_DAMAGE):
+            raise
+        except Exception as exc:  # noqa: BLE001 - bytes in hand: any decode error is damage
+            raise DamagedPart(f"cannot decode: {type(exc).__name__}: {exc}") from exc
+
+    def _decode(self, f, kind: str, columns: Optional[list[str]]) -> pa.Table:
+        schema = KINDS.get(kind)
+        pf = pq.ParquetFile(f, page_checksum_verification=True)
+        wanted = columns or (schema.names if schema else pf.schema_arrow.names)
+        missing = [c for c in wanted if c not in pf.schema_arrow.names]
+        if set(missing) - LATER_COLUMNS:
+            raise DamagedPart(f"wrong schema: no column(s) {', '.join(missing)}")
+        table = pf.read(columns=[c for c in wanted if c not in missing])
+        if table.num_rows != pf.metadata.num_rows:
+            raise DamagedPart(f"read {table.num_rows} rows, footer says "
+                              f"{pf.metadata.num_rows}")
         if schema is None:
             return table
         for c in missing:  # written before the column existed: nulls, in schema order
