@@ -158,6 +158,8 @@ class Admission:
     edited_examples: list[str] = field(default_factory=list)
     removed: int = 0                # done keys no longer in the input
     seen_bytes: int = 0             # peak size of the pass's key arrays
+    held: int = 0                   # distinct input keys the run already holds (done)
+    failed_open: int = 0            # distinct input keys with an open failure, not done
 
 
 def reject_record(source: str, line: int, raw: str, reason: str, reject_id: str,
@@ -255,15 +257,15 @@ class _Pass:
         """Keys the run holds that the input has (so far)."""
         return int((self.done_first >= 0).sum())
 
-    def table(self, retry_failed: bool) -> tuple[AdmissionTable, int]:
-        """(what to generate, distinct keys met that the run does not hold), once the pass
-        is over; frees the pass's arrays before the table is built."""
+    def table(self, retry_failed: bool) -> tuple[AdmissionTable, int, int]:
+        """(what to generate, distinct keys met that the run does not hold, of which with
+        an open failure), once the pass is over; frees the pass's arrays first."""
         digests, ordinals = self.seen.merged()  # none of them held by the run
         self.seen = SeenKeys()
         self.done_first, self.done_count = self.done_first[:0], self.done_count[:0]
         in_failed, _ = sorted_contains(self.prior.failed, digests)
         go = in_failed if retry_failed else ~in_failed
-        return AdmissionTable(digests[go], ordinals[go]), len(digests)
+        return AdmissionTable(digests[go], ordinals[go]), len(digests), int(in_failed.sum())
 
     def _check_edits(self, rows: np.ndarray, pos: np.ndarray) -> None:
         """rows: chunk rows meeting a held key for the first time; pos: their places in
@@ -303,12 +305,13 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
     state.write_pending()
     seen_bytes = state.nbytes
     held_in_input = state.held_met()
-    table, new_keys = state.table(retry_failed)
+    table, new_keys, failed_open = state.table(retry_failed)
     removed = 0 if limit is not None else len(prior.done) - held_in_input
     return Admission(
         table=table, total=total, valid_keys=new_keys + held_in_input, rejects=state.rejects,
         new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,
-        edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes)
+        edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes,
+        held=held_in_input, failed_open=failed_open)
 
 
 def rejects_table(records: list[dict[str, Any]]) -> pa.Table:

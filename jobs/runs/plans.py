@@ -29,6 +29,7 @@ from jobs.runs.preflight import RejectTally, reject_problem
 
 if TYPE_CHECKING:
     from jobs.pipeline.admission import Admission
+    from jobs.runs.progress import InputCounts
     from jobs.runs.run import RunState
 
 logger = logging.getLogger("raygen")
@@ -39,6 +40,7 @@ class Plan:
     total: int                                # input rows progress counts against
     expect_all: bool                          # every admitted row must end with a result
     build: Callable[[], ray.data.Dataset]     # called once Ray is up and engines deployed
+    counts: Optional["InputCounts"] = None    # what the input holds (the admission pass's)
 
 
 def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
@@ -105,7 +107,9 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], stat
         table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
         only = [ray.put(np.sort(admission.table.ordinals))]
         return pipeline.build(cfg, inputs, table, stage, only)
-    return Plan(admission.total, expect_all=True, build=build)
+    from jobs.runs.progress import InputCounts
+    return Plan(admission.total, expect_all=True, build=build,
+                counts=InputCounts.of(admission))
 
 
 def check_settings(state: "RunState", settings_hash: str, budget: int, run: str,

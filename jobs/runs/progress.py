@@ -16,6 +16,7 @@ import collections
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from jobs.io.run_index import RunIndex
@@ -27,14 +28,32 @@ logger = logging.getLogger("raygen")
 RATE_WINDOW_S = 120.0
 
 
+@dataclass(frozen=True)
+class InputCounts:
+    """What this session's input holds, as its admission pass found it: progress counts
+    the input that is, not everything the run ever held (a fixed bad line is a prompt to
+    generate, not an old reject; a row whose prompt left the input is reported apart)."""
+
+    held: int       # distinct input keys the run already held (done)
+    failed: int     # distinct input keys with an open failure
+    rejects: int    # rejects among the input's lines (invalid + later duplicates)
+    outside: int    # keys in data/ whose prompt is no longer in the input (kept)
+
+    @classmethod
+    def of(cls, admission: Any) -> "InputCounts":
+        return cls(admission.held, admission.failed_open, admission.rejects, admission.removed)
+
+
 class ProgressTracker:
     def __init__(self, store: RunStore, total: int, run: str, model: str,
                  interval_s: float, gauges: Optional[Any] = None,
                  index: Optional[RunIndex] = None, watchdog: Optional[Watchdog] = None,
-                 on_stall: Optional[Callable[[float, float], None]] = None):
+                 on_stall: Optional[Callable[[float, float], None]] = None,
+                 counts: Optional[InputCounts] = None):
         self.store, self.total, self.run, self.model = store, total, run, model
         self.interval_s, self.gauges = interval_s, gauges
         self.watchdog, self.on_stall = watchdog, on_stall  # fed from the thread's scans
+        self.counts = counts  # None (a continuation): counts are the run's own
         self.index = index if index is not None else RunIndex(store)
         self.started = time.time()
         self._history: collections.deque = collections.deque()
@@ -49,10 +68,13 @@ class ProgressTracker:
         self._scan_lock = threading.Lock()
 
     def start(self) -> "ProgressTracker":
-        self.update()
         # Rows already in the run before this session: excluded from session rates
-        # and from the outcome counters.
-        self.baseline = (len(self.index.done), self.index.output_tokens)
+        # and from the outcome counters; the input's counts go on from them.
+        with self._scan_lock:
+            self.index.refresh()
+            self.baseline = (len(self.index.done), self.index.output_tokens)
+            self.baseline_failed = len(self.index.open_failed())
+        self.update()
         self._counting = True
         self._thread.start()
         return self
@@ -97,25 +119,34 @@ class ProgressTracker:
         c.refresh()
         now = time.time()
         rows_s, tok_s = self._rates(now)
-        done, failed, rejected = len(c.done), len(c.open_failed()), len(c.reject_ids)
-        truncated, tokens = c.truncated, c.output_tokens
+        held, failed, rejected = len(c.done), len(c.open_failed()), len(c.reject_ids)
+        truncated, tokens = c.truncated, c.output_tokens  # of every key the run holds
+        done, outside = held, None
+        if self.counts is not None and hasattr(self, "baseline_failed"):
+            # Against this session's input; every key the session adds is an input key
+            # (only they are sent).
+            n = self.counts
+            done = n.held + held - self.baseline[0]
+            failed = n.failed + failed - self.baseline_failed
+            rejected, outside = n.rejects, n.outside
         remaining = max(self.total - done - failed - rejected, 0)
         snapshot = {
             "run": self.run, "model": self.model, "status": self.status,
             "total": self.total, "completed": done, "failed": failed,
             "rejected": rejected, "truncated": truncated,
-            "truncated_fraction": round(truncated / done, 4) if done else 0.0,
+            "truncated_fraction": round(truncated / held, 4) if held else 0.0,
             "remaining": remaining,
             "rate_rows_per_s": round(rows_s, 3), "rate_output_tok_per_s": round(tok_s, 1),
             "eta_s": round(remaining / rows_s) if rows_s > 0 else None,
-            "mean_output_tokens": round(tokens / done, 1) if done else 0.0,
+            "mean_output_tokens": round(tokens / held, 1) if held else 0.0,
             "output_tokens": tokens, "bytes_written": c.bytes_written,
             "files": len(c.seen), "quarantined_parts": c.quarantined,
             "started_at": self.started, "updated_at": now,
             "elapsed_s": round(now - self.started, 1),
             "last_write_at": c.last_write_ts or self.started,
-            "session_rows": done - self.baseline[0],
+            "session_rows": len(c.done) - self.baseline[0],
             "session_output_tokens": tokens - self.baseline[1],
+            "outside_input": outside,  # rows whose prompt left the input (not counted)
         }
         self.last = snapshot
         write_json_atomic(self.store.loc("progress.json"), snapshot)

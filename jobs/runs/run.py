@@ -71,7 +71,9 @@ def summary_text(store: RunStore, index: "RunIndex", snap: dict[str, Any]) -> st
         f"run {snap['run']}: {snap['status']}",
         f"  output:    {store.uri}/data/",
         f"  rows:      {snap['completed']} done of {snap['total']} "
-        f"({snap['failed']} failed, {snap['rejected']} rejected)",
+        f"({snap['failed']} failed, {snap['rejected']} rejected)"
+        + (f"; {snap['outside_input']} more rows whose prompt left the input (kept)"
+           if snap.get("outside_input") else ""),
         f"  finish:    {mix}  (truncated {100 * snap['truncated_fraction']:.1f}%)",
         f"  tokens:    {snap['output_tokens']} output, mean {snap['mean_output_tokens']}",
         f"  session:   {snap['session_rows']} new rows in {snap['elapsed_s']} s: "
@@ -181,7 +183,7 @@ def run_job(cfg: RunConfig, mode: "RunMode", stop_exc: type,
         check_output_reachable(store, cfg)
         deploy_or_attach(cfg.engine, cfg.serve)
         return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
-                        expect_all=plan.expect_all, index=state.index)
+                        expect_all=plan.expect_all, index=state.index, counts=plan.counts)
     finally:
         lease.release()
 
@@ -251,8 +253,8 @@ def _write_status_now(progress, status: str) -> None:
 
 
 def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
-             build: Callable, lease=None,
-             expect_all: bool = True, index: Optional["RunIndex"] = None) -> Summary:
+             build: Callable, lease=None, expect_all: bool = True,
+             index: Optional["RunIndex"] = None, counts=None) -> Summary:
     """Stream the dataset into the run, with progress.json around it."""
     import time
 
@@ -276,7 +278,8 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     watchdog = Watchdog(cfg.job.stall_factor, cfg.job.stall_min_s, cfg.engine.request_timeout_s)
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s, JobGauges.for_config(cfg),
-                               index=index, watchdog=watchdog, on_stall=on_stall).start()
+                               index=index, watchdog=watchdog, on_stall=on_stall,
+                               counts=counts).start()
     url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
     if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
         logger.info("raygen dashboard for this run: %s", url)

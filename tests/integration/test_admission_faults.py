@@ -120,3 +120,29 @@ def test_context_overflow_is_sent_again_after_a_context_change(ray_cluster, s3_e
     data = read(tree, "data").set_index("key")
     assert data.loc["long", "budget_clamped_by"] == ""  # the whole budget, now it fits
     assert_run_exact(tree, keys_of(rows))
+
+
+def test_a_row_dropped_between_admission_and_read_fails_the_run(ray_cluster, s3_endpoint,
+                                                                 tmp_path, monkeypatch):
+    """The input file changes after the driver's admission pass chose its rows (an
+    exporter still writing it, a copy replaced): the read stage no longer finds one
+    chosen row. The session must end failed, naming the prompts without a result, not
+    "succeeded" with a row silently missing."""
+    from jobs.runs import plans
+    rows = write_prompts(tmp_path / "p.jsonl", 40)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows))
+    real_admit = plans.admit
+
+    def admit_then_edit(*args, **kwargs):
+        admission = real_admit(*args, **kwargs)
+        lines = rows.read_text().splitlines()
+        lines[7] = json.dumps({"id": "p00007-renamed", "messages": [
+            {"role": "user", "content": "edited after the admission pass"}]})
+        rows.write_text("\n".join(lines) + "\n")
+        return admission
+    monkeypatch.setattr(plans, "admit", admit_then_edit)
+    from jobs.runs.run import RunError
+    with pytest.raises(RunError, match="1 of 40 prompts have no result"):
+        run(tree)
+    assert store_of(tree).read_json("progress.json")["status"] == "failed"
+    assert len(read(tree, "data")) == 39
