@@ -91,6 +91,18 @@ def _on_sigterm(*_):
     raise Stopped()
 
 
+def _leave_now(code: int) -> None:
+    """Exit without waiting on a store we cannot reach (see RunError.fenced)."""
+    import os
+
+    import ray
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ray.shutdown()  # the driver's own Ray state goes cleanly; only S3's finalizer is skipped
+    os._exit(code)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     return run(parse_args(argv))
 
@@ -127,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         summary = run_job(cfg, mode, stop_exc=Stopped, check_context=args.check_context)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if exc.fenced:  # this process has nothing left to do but wait on the store
+            _leave_now(1)
         return 1
     print(summary.text)
     return 0 if summary.status == "succeeded" else 1

@@ -49,11 +49,14 @@ class ProgressTracker:
                  interval_s: float, gauges: Optional[Any] = None,
                  index: Optional[RunIndex] = None, watchdog: Optional[Watchdog] = None,
                  on_stall: Optional[Callable[[float, float], None]] = None,
-                 counts: Optional[InputCounts] = None):
+                 counts: Optional[InputCounts] = None,
+                 fence: Optional[Callable[[], Optional[str]]] = None):
         self.store, self.total, self.run, self.model = store, total, run, model
         self.interval_s, self.gauges = interval_s, gauges
         self.watchdog, self.on_stall = watchdog, on_stall  # fed from the thread's scans
         self.counts = counts  # None (a continuation): counts are the run's own
+        # The run's lease (RunLease.fenced): once it says why, nothing more is written.
+        self.fence = fence or (lambda: None)
         self.index = index if index is not None else RunIndex(store)
         self.started = time.time()
         self._history: collections.deque = collections.deque()
@@ -94,9 +97,12 @@ class ProgressTracker:
 
     def stop(self, status: str) -> dict[str, Any]:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        fenced = self.fence() is not None and self.last is not None
+        if self._thread.is_alive():  # fenced: it may be stuck on the unreachable store
+            self._thread.join(timeout=5 if fenced else 30)
         self.status = status
+        if fenced:  # no rescan of a store we may not reach; the last counts are said
+            return dict(self.last, status=status)
         return self.update()
 
     def _rates(self, now: float) -> tuple[float, float]:
@@ -149,7 +155,11 @@ class ProgressTracker:
             "outside_input": outside,  # rows whose prompt left the input (not counted)
         }
         self.last = snapshot
-        write_json_atomic(self.store.loc("progress.json"), snapshot)
+        fenced = self.fence()
+        if fenced:  # the lease may belong to another job by now: its progress.json
+            logger.warning("progress.json not written: %s", fenced)
+        else:
+            write_json_atomic(self.store.loc("progress.json"), snapshot)
         events = c.take_events()
         if self.gauges is not None:
             self.gauges.set(snapshot)

@@ -139,10 +139,10 @@ def check_output_reachable(store: RunStore, cfg: RunConfig) -> None:
 
 def take_lease(store: RunStore, cfg: RunConfig):
     """The run's lease, or RunError naming the live job that holds it."""
-    from jobs.runs.lease import LeaseHeld, RunLease
+    from jobs.runs.lease import LeaseHeld, RunLease, UnsafeStore
     try:
         return RunLease(store, cfg.job.lease_timeout_s).acquire()
-    except LeaseHeld as exc:
+    except (LeaseHeld, UnsafeStore) as exc:
         raise RunError(str(exc)) from None
 
 
@@ -247,7 +247,7 @@ def _write_status_now(progress, status: str) -> None:
 
     from jobs.io.storage import write_json_atomic
     progress.status = status  # the progress thread's next write says it too
-    if progress.last is not None:
+    if progress.last is not None and not progress.fence():  # fenced: not ours to write
         write_json_atomic(progress.store.loc("progress.json"),
                           dict(progress.last, status=status, updated_at=time.time()))
 
@@ -275,11 +275,22 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
         _write_status_now(progress, "stalled")
         _thread.interrupt_main()  # the pipeline's wait ends; the lease is released below
 
+    fence = lease.fenced if lease is not None else (lambda: None)
+    fenced: dict[str, str] = {}
+
+    def on_fence(reason: str) -> None:  # in the lease's thread: stop dispatching
+        import _thread
+        fenced["reason"] = reason
+        if not stalled:  # else the main thread was interrupted already (a second
+            _thread.interrupt_main()  # interrupt would land in its clean-up)
+
+    if lease is not None:
+        lease.on_fence = on_fence
     watchdog = Watchdog(cfg.job.stall_factor, cfg.job.stall_min_s, cfg.engine.request_timeout_s)
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s, JobGauges.for_config(cfg),
                                index=index, watchdog=watchdog, on_stall=on_stall,
-                               counts=counts).start()
+                               counts=counts, fence=fence).start()
     url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
     if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
         logger.info("raygen dashboard for this run: %s", url)
@@ -298,6 +309,8 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
         status = "stopped"
         if lease is not None and lease.lost:
             error = f"stopped: {lease.lost} (one job per run)"
+        elif fenced:
+            error = f"stopped: {fenced['reason']}. Rerun the same command to resume."
         if stalled:  # the watchdog interrupted the pipeline
             status, error = "stalled", stalled["reason"]
     except Exception as exc:  # noqa: BLE001 - reported below with the cause
@@ -308,7 +321,7 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
         _STOP_HOOKS.remove(on_stop)
         if status != "succeeded":
             _write_status_now(progress, status)
-        snap = progress.stop(status)
+        snap = progress.stop(status)  # writes progress.json only while not fenced
         time.sleep(cfg.job.metrics_linger_s)  # let Prometheus scrape the final gauges
     if snap["failed"] and status == "succeeded":
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
@@ -318,7 +331,10 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
         text += "\n  nothing to do: every prompt already has a result"
     if lease is not None and lease.takeover:
         text += f"\n  lease:     {lease.takeover}"
-    text += _report(store, progress.index)
+    if not fence():  # a driver that lost its lease writes nothing over the next holder's
+        text += _report(store, progress.index)
     if error:
-        raise RunError(f"{error}\n{text}")
+        failure = RunError(f"{error}\n{text}")
+        failure.fenced = fence() is not None
+        raise failure
     return Summary(status, snap, text)

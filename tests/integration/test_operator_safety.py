@@ -245,3 +245,38 @@ def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_
     assert proxy.refused > 0 and before < 160 / 16, "the outage must hit a run in progress"
     _assert_exactly_once(tree, 160)
     assert read(tree, "failures").empty
+
+
+@pytest.mark.slow
+def test_a_driver_that_cannot_renew_its_lease_stops_itself(ray_cluster, s3_endpoint, tmp_path):
+    """The fence: with the store unreachable past half of job.lease_timeout_s, another
+    job could take the run over, so the driver stops dispatching and exits by itself
+    (before: it went on, and would have written beside the next holder)."""
+    proxy = FlakyProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    rows = write_prompts(tmp_path / "p.jsonl", 160)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 4},
+                      engine=SLOW_ENGINE, app_name=SLOW_APP)
+    direct = store_of(tree)
+    tree["storage"]["endpoint_url"] = f"http://127.0.0.1:{proxy.port}"
+    cfg = write_yaml(tmp_path / "fence.yaml", tree)
+    log = tmp_path / "driver.log"
+    driver = _driver(cfg, open(log, "w"))
+    try:
+        wait_until(lambda: direct.part_paths("data"), 180, "the first data part")
+        proxy.outage()
+        driver.wait(timeout=90)  # the outage lasts until the driver has ended
+        output = log.read_text()
+        assert driver.returncode == 1, output[-2000:]
+        assert "stopped: the run's lease could not be renewed for" in output
+        assert len(direct.part_paths("data")) < 160 / 16, "stopped before the end"
+    finally:
+        proxy.restore()
+        if driver.poll() is None:
+            driver.kill()
+        proxy.close()
+    # Its lease could not be deleted in the outage; its pid is gone, so no wait.
+    tree["storage"]["endpoint_url"] = s3_endpoint
+    summary = run(tree)
+    assert summary.status == "succeeded" and "is gone" in summary.text
+    _assert_exactly_once(tree, 160)

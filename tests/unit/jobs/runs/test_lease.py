@@ -4,6 +4,7 @@ with real drivers): one holder, a refusal naming it, takeover only once stale.""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -35,12 +36,19 @@ def test_second_driver_is_refused_with_the_holder_named(store):
     RunLease(store, timeout_s=60).acquire().release()
 
 
+def _age_on_the_store(store, seconds: float, **fields) -> None:
+    """The lease as a driver that stopped renewing `seconds` ago left it: its file's
+    mtime (the store's clock) that old; ``fields`` overwrite what the holder wrote."""
+    lease_file = Path(store.loc("lease.json").path)
+    lease_file.write_text(json.dumps(dict(json.loads(lease_file.read_text()), **fields)))
+    then = time.time() - seconds
+    os.utime(lease_file, (then, then))
+
+
 def test_stale_lease_is_taken_over_and_said(store):
     holder = RunLease(store, timeout_s=60).acquire()
     holder._stop.set()  # a SIGKILLed driver: no more renewals, no release
-    lease_file = Path(store.loc("lease.json").path)
-    stale = dict(json.loads(lease_file.read_text()), renewed_at=time.time() - 61)
-    lease_file.write_text(json.dumps(stale))
+    _age_on_the_store(store, 61.5)
     taker = RunLease(store, timeout_s=60).acquire()
     try:
         assert taker.takeover and holder.me.job_id in taker.takeover
@@ -48,6 +56,96 @@ def test_stale_lease_is_taken_over_and_said(store):
         assert read_holder(store).token == taker.me.token
     finally:
         taker.release()
+
+
+def test_staleness_is_judged_by_the_stores_clock_not_the_holders(store):
+    """A holder whose clock runs an hour ahead wrote renewed_at in the future: the store
+    says its lease is old, so it is taken over; one whose clock is an hour behind is
+    still fresh by the store and is not."""
+    holder = RunLease(store, timeout_s=60).acquire()
+    holder._stop.set()
+    _age_on_the_store(store, 0, renewed_at=time.time() - 3600)  # clock behind, yet fresh
+    with pytest.raises(LeaseHeld):
+        RunLease(store, timeout_s=60).acquire()
+    _age_on_the_store(store, 90, renewed_at=time.time() + 3600)  # clock ahead, yet stale
+    taker = RunLease(store, timeout_s=60).acquire()
+    try:
+        assert "not renewed for 90 s" in taker.takeover
+    finally:
+        taker.release()
+
+
+class FlakyStore:
+    """A lease backend around the real one: renewals time out, or their reply is lost."""
+
+    def __init__(self, inner, mode: str):
+        self.inner, self.mode, self.age_s = inner, mode, None
+        self.failed = False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def replace(self, body, version):
+        if self.mode == "unreachable" or (self.mode == "one-hiccup" and not self.failed):
+            self.failed = time.monotonic()
+            raise OSError("connect timeout")
+            raise OSError("connect timeout")
+        if self.mode == "reply-lost":  # the write happens, the client sees a 412 on retry
+            self.inner.replace(body, version)
+            from jobs.runs.lease import _Conflict
+            raise _Conflict("PreconditionFailed")
+        return self.inner.replace(body, version)
+
+
+def test_a_driver_that_cannot_renew_is_fenced_after_half_the_timeout(store, monkeypatch):
+    lease = RunLease(store, timeout_s=0.6).acquire()
+    try:
+        assert lease.fenced() is None
+        lease.backend = FlakyStore(lease.backend, "unreachable")
+        wait_until(lease.fenced, 10, "the fence")
+        assert "could not be renewed for" in lease.fenced() and not lease.lost
+    finally:
+        lease.release()
+
+
+def test_one_failed_renewal_is_retried_within_seconds_not_fenced(store, monkeypatch):
+    # A renewal every third of the timeout, the fence at half of it: a single failed
+    # renewal waiting a full period for its retry would fence a healthy run.
+    monkeypatch.setattr("jobs.runs.lease.RETRY_S", 0.05)
+    lease = RunLease(store, timeout_s=3.0).acquire()
+    try:
+        flaky = lease.backend = FlakyStore(lease.backend, "one-hiccup")
+        first = read_holder(store).renewed_at
+        wait_until(lambda: flaky.failed and read_holder(store).renewed_at > first, 10,
+                   "a renewal after the failed one")
+        assert lease.renewed - flaky.failed < 0.5, "retried a whole period (1 s) later"
+        assert lease.fenced() is None
+    finally:
+        lease.release()
+
+
+def test_a_renewal_whose_reply_was_lost_is_not_a_takeover(store, monkeypatch):
+    interrupted = []
+    monkeypatch.setattr("_thread.interrupt_main", lambda: interrupted.append(True))
+    lease = RunLease(store, timeout_s=0.3).acquire()
+    lease.backend = FlakyStore(lease.backend, "reply-lost")
+    first = read_holder(store).renewed_at
+    wait_until(lambda: read_holder(store).renewed_at > first + 0.2, 10, "two renewals")
+    assert not interrupted and lease.lost is None and lease.fenced() is None
+    lease.release()
+    assert read_holder(store) is None  # still ours to release
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused(store):
+    from jobs.runs.lease import UnsafeStore
+
+    class Ignoring:
+        def honours_conditions(self):
+            return False
+    lease = RunLease(store, timeout_s=60)
+    lease.backend = Ignoring()
+    with pytest.raises(UnsafeStore, match="does not honour conditional writes"):
+        lease.acquire()
 
 
 def test_renewal_keeps_the_lease_and_a_lost_lease_is_noticed(store, monkeypatch):
