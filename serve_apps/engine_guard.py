@@ -60,6 +60,7 @@ def _kill_group(child: subprocess.Popen) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # our own killpg must not re-enter
     try:
         os.killpg(os.getpgid(0), signal.SIGTERM)
+        os.killpg(os.getpgid(0), signal.SIGCONT)  # a stopped engine acts on SIGTERM only once resumed
     except ProcessLookupError:
         return
     deadline = time.monotonic() + GRACE_S

@@ -211,6 +211,7 @@ class EngineProcess:
         if proc is None or proc.poll() is not None:
             return
         self._signal_group(proc, signal.SIGTERM)
+        self._signal_group(proc, signal.SIGCONT)  # a stopped process acts on SIGTERM once resumed
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:

@@ -27,27 +27,32 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROWS = 240
 
 
-def _children_named(marker: str) -> list[psutil.Process]:
+def _children_named(marker: str, app: str = "") -> list[psutil.Process]:
     """This test session's processes whose command line starts with ``marker`` after the
     interpreter (the local Ray cluster, its workers and their engines all run below this
-    process; a guard's command line only contains its engine's)."""
+    process; a guard's command line only contains its engine's). With ``app``, only those
+    below a replica of that Serve app: the shared cluster still runs earlier tests' apps."""
     found = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            cmd = proc.cmdline()
+            cmd = " ".join(proc.cmdline())
+            owners = [" ".join(parent.cmdline()) for parent in proc.parents()]
         except psutil.Error:
             continue
-        if " ".join(cmd).startswith(marker) or " ".join(cmd[1:]).startswith(marker):
-            found.append(proc)
+        if not (cmd.startswith(marker) or cmd.split(" ", 1)[-1].startswith(marker)):
+            continue
+        if app and not any(owner.startswith(f"ray::ServeReplica:{app}:") for owner in owners):
+            continue
+        found.append(proc)
     return found
 
 
-def _stop_when_durable(store, marker: str, seen: dict) -> threading.Thread:
+def _stop_when_durable(store, marker: str, seen: dict, app: str = "") -> threading.Thread:
     def stop_one():
         seen["completed"] = wait_until(
             lambda: (store.read_json("progress.json") or {}).get("completed", 0), 180,
             "the first durable rows")
-        (proc,) = _children_named(marker)[:1]
+        (proc,) = _children_named(marker, app)[:1]
         seen["pid"], seen["at"] = proc.pid, time.monotonic()
         proc.send_signal(signal.SIGSTOP)
     thread = threading.Thread(target=stop_one)
@@ -97,7 +102,8 @@ def test_a_stopped_engine_is_replaced_and_the_run_completes_exactly(ray_cluster,
                            "retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
                                        "backoff_max_s": 3}})
     store, seen = store_of(tree), {}
-    stopper = _stop_when_durable(store, "-m serve_apps.engines.simulator", seen)
+    stopper = _stop_when_durable(store, "-m serve_apps.engines.simulator", seen,
+                                 app="raygen-stopped-engine")
     try:
         summary = run(tree)
     finally:
