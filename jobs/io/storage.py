@@ -9,6 +9,7 @@ the AWS environment/credential chain only and are never logged.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -71,7 +72,6 @@ def locate(uri: str, storage: StorageConfig) -> Location:
         return Location(_s3(storage), uri[len("s3://"):].rstrip("/"), uri.rstrip("/"))
     if "://" in uri:
         raise ValueError(f"unsupported URI scheme in {uri!r}: use a local path or s3://")
-    import os
     return Location(pafs.LocalFileSystem(), os.path.abspath(uri), uri)
 
 
@@ -81,15 +81,84 @@ def is_local(loc: Location) -> bool:
 
 def write_bytes_atomic(loc: Location, data: bytes) -> None:
     if is_local(loc):
-        parent, name = posixpath.split(loc.path)
-        loc.fs.create_dir(parent, recursive=True)
-        tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
-        with loc.fs.open_output_stream(tmp) as out:
-            out.write(data)
-        loc.fs.move(tmp, loc.path)  # rename(2): atomic on one filesystem
+        write_local_durably(loc.path, data)
         return
     with loc.fs.open_output_stream(loc.path) as out:
         out.write(data)
+
+
+def write_local_durably(path: str, data: bytes) -> None:
+    """A hidden temp file, fsynced, renamed over ``path``, then the directory fsynced:
+    after a crash or power loss the file is the old one or the whole new one, never a
+    right-sized file of zeros (ext4/XFS delayed allocation without fsync). On any error,
+    a full disk included, the temp file is removed and the OSError is raised as it is."""
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # rename(2): atomic on one filesystem
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
+            raise StorageFull(f"[Errno {exc.errno}] {exc.strerror}: '{path}'") from exc
+        if isinstance(exc, OSError) and exc.filename is None:  # os.write names no file
+            raise OSError(exc.errno, exc.strerror, path) from exc
+        raise
+    _fsync_dir(parent)
+
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StorageFull(OSError):
+    """A write found no space (or quota) left. One message argument, naming the file:
+    Ray Data appends its retry advice to a task error's args and Ray pickles it to the
+    driver, which turns a plain OSError's filename into that advice."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+
+
+def storage_full(exc: Optional[BaseException]) -> Optional[str]:
+    """What filled up, if a full disk or quota is behind ``exc`` (also through Ray's task
+    errors, which carry the worker's exception as ``.cause``), else None."""
+    seen, plain = set(), None
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException):  # a RayTaskError(X) is an X saying Ray's text
+            exc = cause
+            continue
+        if isinstance(exc, StorageFull):
+            return str(exc).split("\n")[0]
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS and plain is None:
+            plain = f"[Errno {exc.errno}] {exc.strerror}"
+        exc = exc.__cause__ or exc.__context__
+    return plain
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable. Some filesystems (e.g. some FUSE/NFS mounts)
+    refuse fsync on a directory: the rename itself is then all they offer."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def put_verified(loc: Location, data: bytes, storage: StorageConfig) -> None:

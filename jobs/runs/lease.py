@@ -48,7 +48,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from jobs.io.storage import Location, is_local
+from jobs.io.storage import Location, is_local, write_local_durably
 
 logger = logging.getLogger("raygen")
 LEASE_FILE = "lease.json"
@@ -218,10 +218,8 @@ class _LocalLease:
         return self._read()
 
     def _write(self, body: dict) -> str:
-        tmp = f"{self.path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "w") as f:
-            json.dump(body, f)
-        os.replace(tmp, self.path)  # rename(2): readers see the old or the new lease
+        # readers see the old or the new lease, after a crash too
+        write_local_durably(self.path, json.dumps(body).encode())
         return _version(body)
 
     def create(self, body: dict) -> str:

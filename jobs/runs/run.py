@@ -220,8 +220,14 @@ def _classify_failure(exc: BaseException, stop_exc: type) -> tuple[str, Optional
     from jobs.pipeline.retry import CircuitOpen
     if find_cause(exc, stop_exc) or find_cause(exc, KeyboardInterrupt):
         return "stopped", None
-    breaker = find_cause(exc, CircuitOpen)
-    error = str(breaker) if breaker else f"{type(exc).__name__}: {exc}"
+    from jobs.io.storage import storage_full
+    breaker, full = find_cause(exc, CircuitOpen), storage_full(exc)
+    if full is not None:
+        error = (f"output storage is full: {full}. Every row written so far is durable and "
+                 f"no temp file is left; free space there and rerun the same command to "
+                 f"resume.")
+    else:
+        error = str(breaker) if breaker else f"{type(exc).__name__}: {exc}"
     logger.error("run failed: %s", error)
     return "failed", error
 
@@ -319,9 +325,13 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
             status, error = "stalled", stalled["reason"]
     finally:
         _STOP_HOOKS.remove(on_stop)
-        if status != "succeeded":
-            _write_status_now(progress, status)
-        snap = progress.stop(status)  # writes progress.json only while not fenced
+        try:
+            if status != "succeeded":
+                _write_status_now(progress, status)
+            snap = progress.stop(status)  # writes progress.json only while not fenced
+        except OSError as exc:  # a full disk: the session's error must still be the one said
+            logger.error("final status not written to %s: %s", store.uri, exc)
+            snap = dict(progress.last or {}, status=status)
         time.sleep(cfg.job.metrics_linger_s)  # let Prometheus scrape the final gauges
     if snap["failed"] and status == "succeeded":
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
