@@ -8,8 +8,10 @@ GenerateResult is the ONE list of result columns: a field with ``column`` metada
 stored in data/ as the replica sent it, with that Parquet type (jobs/io/schema.py
 builds the data/ schema from it; tests/unit/contract/test_protocol.py keeps them in
 sync). The other fields stay on the wire: ``key`` (the job's own row key), ``text``
-(split into reasoning/answer), the error fields (a failure goes to failures/) and
-``request_id`` (the sender's id of the request it answers).
+(split into reasoning/answer), the error fields (a failure goes to failures/),
+``request_id`` (the sender's id of the request it answers) and ``engine_config_hash``
+(the answering replica's engine: the job writes only rows of the engine it deployed, so
+a row's ``settings_hash`` and ``model`` are what produced it).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class GenerateResult:
     error_class: Optional[str] = None  # contract.outcomes routes the row by this name
     error_message: Optional[str] = None
     request_id: str = ""  # the request's, echoed: a key sent twice still gets two answers
+    engine_config_hash: str = ""  # of the replica that answered: rows from another engine
+                                  # (the app redeployed under the run) are refused
 
     __reduce__ = _by_position
 

@@ -59,6 +59,12 @@ def with_local_paths(engine: EngineConfig) -> EngineConfig:
             update={"draft_model_path": absolute(spec.draft_model_path)})})
 
 
+def deployed_engine_hash(engine: EngineConfig) -> str:
+    """The engine config hash a replica deployed from ``engine`` by this process reports
+    (``info()`` and every result): the config as deployed, local paths made absolute."""
+    return with_local_paths(engine).config_hash()
+
+
 def build_app(engine: EngineConfig, cfg: ServeConfig) -> serve.Application:
     options = deployment_options(engine, cfg)
     return EngineDeployment.options(**options).bind(engine.model_dump(mode="json"))

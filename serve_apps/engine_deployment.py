@@ -88,6 +88,7 @@ class ProcessBackend:
 class EngineReplica:
     def __init__(self, cfg: EngineConfig, *, backend: BackendFactory = ProcessBackend):
         self.cfg = cfg
+        self.config_hash = cfg.config_hash()
         self.replica_id = _replica_id()
         self.engine = backend(cfg, f"engine[{self.replica_id}]")
         self.client = self.engine.client
@@ -121,7 +122,7 @@ class EngineReplica:
         self._ensure_relay()
         server_info = await self.client.server_info()
         return {"replica": self.replica_id, "model": self.cfg.model_name,
-                "engine_config_hash": self.cfg.config_hash(),
+                "engine_config_hash": self.config_hash,
                 "context_length": self.cfg.context_length, "engine_pid": self.engine.pid,
                 "engine_url": self.engine.url,
                 # What the engine's scheduler really runs at once, not what we asked for.
@@ -153,6 +154,7 @@ class EngineReplica:
             self._inflight -= 1
             self._last_result_at = time.time()
         result.request_id = request.request_id
+        result.engine_config_hash = self.config_hash
         return result
 
     async def generate_many(self, requests: list[GenerateRequest]

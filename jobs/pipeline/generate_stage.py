@@ -25,8 +25,8 @@ from ray import serve
 from contract.outcomes import ENGINE, ROW, route
 from contract.protocol import GenerateRequest
 from jobs.runs.job_metrics import CategoryCap
-from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, backoff_s, error_text,
-                                 is_replica_bug, replica_error_class)
+from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
+                                 error_text, is_replica_bug, replica_error_class)
 from jobs.pipeline.row_sender import RowSender
 from jobs.pipeline.rows import continued_row, data_row, failure_row, to_table
 from jobs.pipeline.settings import StageSettings
@@ -64,6 +64,7 @@ class GenerateRows:
             attempt += 1
             try:
                 result = await self.sender.send(request, alone=alone)
+                self._check_engine(result)
                 error_class, message, replica = (result.error_class, result.error_message,
                                                  result.replica)
                 retryable = error_class is not None and route(error_class).retryable
@@ -91,6 +92,19 @@ class GenerateRows:
             out = failure_row(row, error_class, message, attempt, self.stage, replica)
             self._judge(error_class, message)
             return dict(out, retry_classes=retried)
+
+    def _check_engine(self, result) -> None:
+        """Only rows from the engine this run deployed are this run's rows (their model
+        and settings_hash are then what produced them)."""
+        want = self.stage.engine_config_hash
+        if want and result.engine_config_hash != want:
+            raise ForeignEngine(
+                f"replica {result.replica or '?'} of Serve app {self.stage.app_name!r} "
+                f"answered with engine {result.engine_config_hash or '(none reported)'}, "
+                f"not this run's {want}: the app was redeployed under the run (another job, "
+                f"`serve deploy` or a RayService update with the same serve.app_name). "
+                f"None of its rows was written. Give this run its own serve.app_name or "
+                f"stop the other deployer, then rerun the same command to resume.")
 
     def _judge(self, error_class: str, message: str) -> None:
         """Feed the breaker (raises CircuitOpen when the window says stop the job)."""

@@ -48,6 +48,12 @@ class SystematicErrors(CircuitOpen):
     """One non-transient error class dominates the window: the run is misconfigured."""
 
 
+class ForeignEngine(CircuitOpen):
+    """A result came from a replica whose engine is not the one this run deployed: the
+    app was redeployed under the run (another job, `serve deploy`, a RayService update).
+    One such row is proof, not a rate: the run stops and the row is not written."""
+
+
 def is_replica_bug(exc: BaseException) -> bool:
     """The replica's own code raised: not Ray telling us the replica died, and not an
     engine fault the replica raises on purpose (EngineDead: Serve replaces the replica)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from jobs.config import BreakerConfig, RetryConfig, RunConfig
+from serve_apps.app import deployed_engine_hash
 
 
 def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chatml-think",
@@ -91,6 +92,8 @@ class StageSettings:
     metrics_category_limit: int
     continue_to: Optional[int] = None  # a continue run: rows are data/ rows to extend
     call_timeout_s: Optional[float] = None  # no result from a replica for this long: stuck
+    engine_config_hash: str = ""  # what this run deployed: a result from another engine stops it
+    app_name: str = ""            # for that message
 
     @classmethod
     def of(cls, cfg: RunConfig, mode: RunMode = RunMode()) -> "StageSettings":
@@ -110,4 +113,5 @@ class StageSettings:
             continue_to=mode.continue_to if mode.continues else None,
             # No row may take longer than the engine's own request timeout; the margin
             # covers the replica's tokenize/detokenize calls around it.
-            call_timeout_s=cfg.engine.request_timeout_s + CALL_TIMEOUT_MARGIN_S)
+            call_timeout_s=cfg.engine.request_timeout_s + CALL_TIMEOUT_MARGIN_S,
+            engine_config_hash=deployed_engine_hash(cfg.engine), app_name=cfg.serve.app_name)

@@ -146,6 +146,18 @@ def take_lease(store: RunStore, cfg: RunConfig):
         raise RunError(str(exc)) from None
 
 
+def claim_engines(cfg: RunConfig, store: RunStore):
+    """This run's claim on its Serve app (serve_apps/app_claims.py), or RunError naming
+    the live run whose engines it would replace."""
+    from serve_apps.app import deployed_engine_hash
+    from serve_apps.app_claims import AppInUse, claim_app
+    try:
+        return claim_app(cfg.serve.app_name, store.uri, deployed_engine_hash(cfg.engine),
+                         cfg.job.lease_timeout_s)
+    except AppInUse as exc:
+        raise RunError(str(exc)) from None
+
+
 def engine_context_length(handle, cfg: RunConfig) -> int:
     """The context length the running engine reports (config's value if it says none)."""
     info = handle.info.remote().result()
@@ -168,8 +180,9 @@ def run_job(cfg: RunConfig, mode: "RunMode", stop_exc: type,
     if check_context:
         from jobs.runs.context_check import check_context as run_check, describe
         _init_ray(stop_exc)
-        handle = deploy_or_attach(cfg.engine, cfg.serve)
-        report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
+        with claim_engines(cfg, store):
+            handle = deploy_or_attach(cfg.engine, cfg.serve)
+            report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
         return Summary("succeeded", report, describe(report))
     stage = StageSettings.of(cfg, mode)
     lease = take_lease(store, cfg)  # before the run's state is read or anything written
@@ -181,9 +194,10 @@ def run_job(cfg: RunConfig, mode: "RunMode", stop_exc: type,
         plan = plans.plan(cfg, store, inputs, state, mode, stage)
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
-        deploy_or_attach(cfg.engine, cfg.serve)
-        return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
-                        expect_all=plan.expect_all, index=state.index, counts=plan.counts)
+        with claim_engines(cfg, store):
+            deploy_or_attach(cfg.engine, cfg.serve)
+            return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
+                            expect_all=plan.expect_all, index=state.index, counts=plan.counts)
     finally:
         lease.release()
 

@@ -11,9 +11,10 @@ import pytest
 from contract.protocol import GenerateResult
 from jobs.config import parse_config
 from jobs.pipeline.generate_stage import GenerateRows
-from jobs.pipeline.retry import Breaker, CircuitOpen, SystematicErrors
+from jobs.pipeline.retry import Breaker, CircuitOpen, ForeignEngine, SystematicErrors
 from jobs.pipeline.row_sender import RowSender
 from jobs.pipeline.settings import RunMode, StageSettings
+from serve_apps.app import deployed_engine_hash
 
 TREE = {"engine": {"kind": "simulator", "model_path": "sim-m"},
         "job": {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r", "max_new_tokens": 64,
@@ -23,8 +24,10 @@ TREE = {"engine": {"kind": "simulator", "model_path": "sim-m"},
 class FakeReplica:
     """Answers every request with ``answer(request)``; records what it was sent."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, engine_hash: str = ""):
+        # Like a real replica, every result carries its engine's hash: this run's by default.
         self.answer, self.sent = answer, []
+        self.engine_hash = engine_hash or deployed_engine_hash(parse_config(TREE).engine)
 
     def options(self, stream):
         return self
@@ -39,7 +42,9 @@ class FakeReplica:
 
     async def _stream(self, requests):
         for r in requests:
-            yield self.answer(r)
+            result = self.answer(r)
+            result.engine_config_hash = self.engine_hash
+            yield result
 
 
 def _stage(mode: RunMode = RunMode()) -> StageSettings:
@@ -102,6 +107,41 @@ def test_context_overflow_is_the_rows_own_fault_and_never_trips_the_breaker():
     gen = _rows(FakeReplica(_failed("context_overflow")), _stage(), window=5, min_rows=5)
     outs = _run(gen, [_row(f"k{i}") for i in range(8)])
     assert {o["error_class"] for o in outs} == {"context_overflow"}
+
+
+def _ok(r):
+    return GenerateResult(key=r.key, text="x", reasoning="", answer="x", finished_thinking=True,
+                          prompt_token_ids=[1], output_token_ids=[2], finish_reason="stop",
+                          prompt_tokens=1, completion_tokens=1, reasoning_tokens=0,
+                          max_new_tokens=r.max_new_tokens,
+                          effective_max_new_tokens=r.max_new_tokens, latency_s=0.1,
+                          budget_clamped_by="", replica="r9")
+
+
+def test_a_row_from_another_engine_stops_the_run_and_is_not_returned():
+    stage = _stage()
+    assert stage.engine_config_hash == deployed_engine_hash(parse_config(TREE).engine)
+    (mine,) = _run(_rows(FakeReplica(_ok), stage), [_row("a")])
+    assert mine["_kind"] == "data"
+    with pytest.raises(ForeignEngine) as info:
+        _run(_rows(FakeReplica(_ok, engine_hash="0123456789abcdef"), stage), [_row("b")])
+    assert isinstance(info.value, CircuitOpen)  # the job's breaker path: the run stops
+    message = str(info.value)
+    assert "replica r9 of Serve app 'raygen' answered with engine 0123456789abcdef" in message
+    assert stage.engine_config_hash in message and "rerun the same command" in message
+
+
+def test_a_replica_that_reports_no_engine_is_foreign_too():
+    with pytest.raises(ForeignEngine, match=r"\(none reported\)"):
+        _run(_rows(_NoHash(_ok), _stage()), [_row("a")])
+
+
+class _NoHash(FakeReplica):
+    """An older replica: its results carry no engine hash."""
+
+    async def _stream(self, requests):
+        for r in requests:
+            yield self.answer(r)
 
 
 def test_a_continue_run_sends_ids_with_the_rest_of_the_budget_and_writes_the_next_version():

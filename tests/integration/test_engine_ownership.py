@@ -1,0 +1,114 @@
+"""A run owns the engines it uses (serve_apps/app_claims.py, the engine hash on every
+result). Real drivers on the shared Ray cluster:
+
+- Run B with run A's serve.app_name and another engine setting, while A streams: B is
+  refused before it deploys anything, naming A's run; A's replicas are untouched and A
+  completes exactly.
+- The app redeployed under A outside raygen (as `serve deploy` or a RayService update
+  would): A stops at the first row from the other engine, writes none of them, and the
+  rerun completes exactly with A's own engine again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jobs.config import parse_config
+from jobs.runs.run import RunError
+from tests.integration.helpers import (assert_run_exact, read, run, run_config, store_of,
+                                       write_prompts, write_yaml)
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROWS = 240
+APP = "raygen-owned"
+
+
+def _tree(tmp_path, s3_endpoint, rows, time_scale: float, name: str = "") -> dict:
+    return run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP, run_name=name,
+                      engine={"simulator": {"time_scale": time_scale}},
+                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 20})
+
+
+def _driver(tree: dict, tmp_path, name: str) -> subprocess.Popen:
+    cfg = write_yaml(tmp_path / f"{name}.yaml", tree)
+    return subprocess.Popen([sys.executable, "-m", "jobs.generate", "--config", str(cfg)],
+                            stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+
+
+def _replica_hashes(want: int = 2, foreign_to: str = "") -> dict[str, str]:
+    """replica id -> engine hash, asking the running app until ``want`` replicas answered
+    (with ``foreign_to``: replicas whose hash is not that one, as a rollout brings them)."""
+    from ray import serve
+    handle, seen = serve.get_app_handle(APP), {}
+
+    def enough() -> bool:
+        info = handle.info.remote().result()
+        if info["engine_config_hash"] != foreign_to:
+            seen[info["replica"]] = info["engine_config_hash"]
+        return len(seen) >= want
+    wait_until(enough, 120, f"{want} replicas to answer info()", poll_s=0.2)
+    return seen
+
+
+def _first_rows(store) -> int:
+    return wait_until(lambda: (store.read_json("progress.json") or {}).get("completed", 0),
+                      180, "the first durable rows")
+
+
+def test_a_second_run_cannot_swap_a_live_runs_engines(ray_cluster, s3_endpoint, tmp_path):
+    from serve_apps.app import deployed_engine_hash
+    rows = write_prompts(tmp_path / "p.jsonl", ROWS)
+    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-a")
+    tree_b = _tree(tmp_path, s3_endpoint, rows, 0.02, "other-b")  # another engine setting
+    hash_a = deployed_engine_hash(parse_config(tree_a).engine)
+    a = _driver(tree_a, tmp_path, "a")
+    try:
+        _first_rows(store_of(tree_a))
+        with pytest.raises(RunError) as info:
+            run(tree_b)
+        message = str(info.value)
+        print(f"\nrefused: {message.splitlines()[0]}")
+        assert f"Serve app {APP!r} is in use by another live run" in message
+        assert store_of(tree_a).uri in message  # names the run it would have disturbed
+        assert set(_replica_hashes().values()) == {hash_a}  # A's engines, untouched
+        assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    finally:
+        if a.poll() is None:
+            a.kill()
+    assert_run_exact(tree_a, [f"p{i:05d}" for i in range(ROWS)])
+    assert read(tree_b, "data").empty  # B wrote no row
+
+
+def test_a_redeploy_outside_raygen_stops_the_run_before_a_foreign_row(ray_cluster,
+                                                                      s3_endpoint, tmp_path):
+    from ray import serve
+
+    from serve_apps.app import build_app, deployed_engine_hash
+    rows = write_prompts(tmp_path / "p.jsonl", ROWS)
+    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-c")
+    other = parse_config(_tree(tmp_path, s3_endpoint, rows, 0.03))
+    hash_a = deployed_engine_hash(parse_config(tree_a).engine)
+    a = _driver(tree_a, tmp_path, "c")
+    try:
+        _first_rows(store_of(tree_a))
+        # What `serve deploy` / a RayService update does: no claim, just the new app.
+        serve.run(build_app(other.engine, other.serve), name=APP, route_prefix=None)
+        foreign = set(_replica_hashes(foreign_to=hash_a))
+        assert a.wait(timeout=300) == 1
+    finally:
+        if a.poll() is None:
+            a.kill()
+    log = (tmp_path / "c.log").read_text()
+    assert f"not this run's {hash_a}: the app was redeployed under the run" in log, log[-3000:]
+    data = read(tree_a, "data")
+    assert 0 < len(data) < ROWS
+    assert not set(data["replica"]) & foreign, "a row from the foreign engine was written"
+    # The rerun finds no live claimant of the other engine: it deploys its own again.
+    assert run(tree_a).status == "succeeded"
+    assert set(_replica_hashes().values()) == {hash_a}
+    assert_run_exact(tree_a, [f"p{i:05d}" for i in range(ROWS)])
