@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+from dashboards import DASHBOARD_UID
 from dashboards import grafana as g
 from dashboards import metrics_catalog as mc
 from dashboards import promql as q
@@ -12,7 +13,7 @@ from dashboards import signals as s
 from dashboards import thresholds as t
 from dashboards.grafana import Panel, Row, Target
 
-UID = "raygen-run"
+UID = DASHBOARD_UID
 TITLE = "raygen - generation run"
 RI = "$__rate_interval"  # Grafana picks a window >= 4 scrape intervals
 RM = q.RUN_MODEL  # run=~"$run", model=~"$model"

@@ -95,7 +95,7 @@ class ReplicaMetrics:
     def record(self, request: GenerateRequest, result: GenerateResult) -> None:
         if result.error_class:
             return  # failures are counted by the job, which knows about retries
-        # The job caps category values (jobs.runs.job_metrics.CategoryCap) before sending.
+        # The job caps category values (jobs.pipeline.category_cap.CategoryCap) before sending.
         tags = {"model": self.model, "run": request.run or "",
                 "category": request.category or ""}
         _inc(self.output_tokens, result.completion_tokens, tags)

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from jobs.analysis.forecast import forecast_report
 from jobs.io.digests import digests_of, sorted_contains
+from jobs.io.part_summary import reject_reason_class
 from jobs.io.run_index import RunIndex, read_latest
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
@@ -148,7 +149,6 @@ def failure_stats(store: RunStore, done: np.ndarray) -> dict[str, Any]:
 
 def reject_stats(store: RunStore) -> dict[str, Any]:
     """Rejected input rows (one per source line) by reason class, with an example each."""
-    from jobs.pipeline.rows import reject_reason_class
     r = store.read_kind("rejects", ["source", "line", "reason"]).to_pandas()
     r = r.drop_duplicates(["source", "line"], keep="last")
     r["class"] = r["reason"].fillna("").map(reject_reason_class)

@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def holder_line(store, now: Optional[float] = None) -> str:
-    """Which job holds the run's lease (jobs/runs/lease.py), or that none does."""
-    from jobs.runs.lease import read_holder
+    """Which job holds the run's lease (jobs/io/lease_store.py), or that none does."""
+    from jobs.io.lease_store import read_holder
     try:
         holder = read_holder(store)
     except Exception as exc:  # noqa: BLE001 - progress was readable; say what is not

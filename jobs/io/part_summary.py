@@ -31,7 +31,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.io.digests import digests_of
-from jobs.pipeline.rows import reject_reason_class
 
 # Format 2 adds part_sha256; format 1 sidecars (written before it) are read as they are:
 # their parts are checked by Parquet's own page checksums only.
@@ -46,6 +45,18 @@ SOURCE_COLUMNS = {
     "failures": ["key", "error_class", "retry_classes"],
     "rejects": ["source", "line", "reject_id", "reason"],
 }
+
+
+def reject_reason_class(reason: str) -> str:
+    """Bounded label of a rejects/ row's reason: the rejects events a sidecar records
+    (the job's counter) and the report's reject table."""
+    if reason.startswith("duplicate id"):
+        return "duplicate_id"
+    if reason.startswith("context_overflow"):
+        return "context_overflow"
+    if reason.startswith("not valid JSON"):
+        return "invalid_json"
+    return "invalid_row"
 
 
 class BadSidecar(ValueError):

@@ -24,7 +24,7 @@ from ray import serve
 
 from contract.outcomes import ENGINE, ROW, route
 from contract.protocol import GenerateRequest
-from jobs.runs.job_metrics import CategoryCap
+from jobs.pipeline.category_cap import CategoryCap
 from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
                                  error_text, is_replica_bug, replica_error_class)
 from jobs.pipeline.row_sender import RowSender

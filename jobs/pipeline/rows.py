@@ -93,17 +93,6 @@ def failure_row(row: dict[str, Any], error_class: str, message: str, attempts: i
             "failed_at": now()}
 
 
-def reject_reason_class(reason: str) -> str:
-    """Bounded label for the rejects metric."""
-    if reason.startswith("duplicate id"):
-        return "duplicate_id"
-    if reason.startswith("context_overflow"):
-        return "context_overflow"
-    if reason.startswith("not valid JSON"):
-        return "invalid_json"
-    return "invalid_row"
-
-
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:
     cols = {name: [r.get(name) for r in rows] for name in STAGE_OUTPUT.names}
     return pa.table(cols, schema=STAGE_OUTPUT)

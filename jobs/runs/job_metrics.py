@@ -9,7 +9,7 @@ import os
 import urllib.parse
 from typing import Any, Optional
 
-from dashboards import metrics_catalog as mc
+from dashboards import DASHBOARD_UID, metrics_catalog as mc
 
 # Progress gauge -> field of the ProgressTracker snapshot.
 GAUGES = {
@@ -24,7 +24,6 @@ GAUGES = {
 }
 OUTCOMES = {"failures": mc.FAILURES, "retries": mc.RETRIES, "rejects": mc.REJECTS}
 OTHER_CATEGORY = "other"
-DASHBOARD_UID = "raygen-run"  # dashboards/panels.py UID (kept import-light: no dashboards.panels)
 
 
 class JobGauges:

@@ -1,4 +1,4 @@
-"""jobs.analysis.forecast: the censored lognormal what-if, its ranges, Kaplan-Meier and the pilot."""
+"""jobs.analysis.forecast: the censored lognormal what-if, its ranges and Kaplan-Meier."""
 
 from __future__ import annotations
 
@@ -179,15 +179,3 @@ def test_forecast_of_100k_rows_is_fast():
     rows = F.forecast(df, [5120, 6144, 8192, 16384])
     assert time.process_time() - start < 5.0
     assert len(rows) == 4
-
-
-def test_pilot_sample_is_stratified_and_reproducible():
-    df = pd.DataFrame({"category": ["a"] * 900 + ["b"] * 95 + ["c"] * 3 + [None] * 2,
-                       "x": range(1000)})
-    pick = F.pilot_sample(df, 100, seed=7)
-    counts = pick["category"].fillna("none").value_counts().to_dict()
-    assert counts == {"a": 86, "b": 9, "c": 3, "none": 2}   # floors, then proportional
-    assert pick.index.is_monotonic_increasing                   # input order kept
-    assert pick.equals(F.pilot_sample(df, 100, seed=7))
-    assert not pick.equals(F.pilot_sample(df, 100, seed=8))
-    assert len(F.pilot_sample(df, 5000)) == 1000

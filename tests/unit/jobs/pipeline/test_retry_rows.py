@@ -11,7 +11,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from jobs.pipeline.retry import (Breaker, CircuitOpen, SystematicErrors, backoff_s, is_replica_bug,
                         replica_error_class)
-from jobs.pipeline.rows import reject_reason_class, repetition_ratio
+from jobs.pipeline.rows import repetition_ratio
 
 
 # --- breaker ----------------------------------------------------------------------------
@@ -127,18 +127,6 @@ def test_repetition_ratio_short_inputs(ids):
 def test_repetition_ratio_exactly_n():
     assert repetition_ratio([1, 1, 1, 1]) == 0.0
     assert repetition_ratio([1, 1, 1, 1, 1]) == 0.5
-
-
-@pytest.mark.parametrize("reason, label", [
-    ("duplicate id 'k': first seen at f:1", "duplicate_id"),
-    ("context_overflow: prompt 9000 + budget 8192 > 16384", "context_overflow"),
-    ("not valid JSON: Expecting value at column 1", "invalid_json"),
-    ("'messages' is empty", "invalid_row"),
-    ("messages[0].role 'x' is not one of system, user, assistant, tool", "invalid_row"),
-    ("", "invalid_row"),
-])
-def test_reject_reason_class(reason, label):
-    assert reject_reason_class(reason) == label
 
 
 # --- systematic (non-transient) errors ----------------------------------------------

@@ -1,5 +1,6 @@
-"""jobs.runs.lease on local files (tests/integration/test_operator_safety.py runs it on S3
-with real drivers): one holder, a refusal naming it, takeover only once stale."""
+"""jobs.runs.lease and its back end jobs.io.lease_store on local files
+(tests/integration/test_operator_safety.py runs them on S3 with real drivers): one
+holder, a refusal naming it, takeover only once stale."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from jobs.config import StorageConfig
-from jobs.runs.lease import LeaseHeld, RunLease, read_holder
+from jobs.io.lease_store import read_holder
+from jobs.runs.lease import LeaseHeld, RunLease
 from jobs.io.run_store import RunStore
 from tests.support.waiting import wait_until
 
@@ -92,8 +94,8 @@ class FlakyStore:
             raise OSError("connect timeout")
         if self.mode == "reply-lost":  # the write happens, the client sees a 412 on retry
             self.inner.replace(body, version)
-            from jobs.runs.lease import _Conflict
-            raise _Conflict("PreconditionFailed")
+            from jobs.io.lease_store import LeaseConflict
+            raise LeaseConflict("PreconditionFailed")
         return self.inner.replace(body, version)
 
 
