@@ -6,11 +6,10 @@ files; the unit tests fail if the generated files are stale.
 """
 
 # RaygenTruncationHigh: the run's written truncated rows / written rows, against the
-# run's own threshold (job.truncation_alert_ratio, exported as a gauge; the value
-# below is only the dashboard's reference line for runs without that gauge).
+# run's own threshold (job.truncation_alert_ratio, default in jobs/config.py, exported
+# as a gauge that the rule and the dashboard's threshold line both read).
 # Cumulative over the run's durable output, so it crosses the threshold once and
 # stays there (a run's budget cannot change mid-run): one warning per run, no flapping.
-TRUNCATION_FRACTION_DEFAULT = 0.10  # = JobConfig.truncation_alert_ratio's default
 TRUNCATION_WINDOW = "15m"  # the dashboard panel's rolling window
 TRUNCATION_FOR = "10m"
 # Hold the alert this long after the fraction dips under the threshold, so a run
