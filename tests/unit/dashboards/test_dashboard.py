@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 
 from dashboards import alerts, build, grafana, panels, thresholds
 from dashboards import metrics_catalog as mc
@@ -30,6 +34,33 @@ def _exprs(dash):
 def test_committed_json_matches_generator(dash):
     assert build.DASHBOARD_JSON not in build.stale_files(), "run `python -m dashboards.build` and commit the result"
     assert dash == panels.build()[0]
+
+
+def _schema_round_trip(doc: dict) -> dict:
+    """The dashboard read into the SDK's Grafana 11.6 types and written back: a key the
+    schema does not define (a typo, a field from another Grafana version) is dropped."""
+    register_default_plugins()  # panel options and queries are decoded by panel/datasource type
+    return json.loads(JSONEncoder().encode(DashboardModel.from_json(doc)))
+
+
+def test_every_field_is_one_grafanas_schema_defines(dash):
+    assert _schema_round_trip(dash) == dash
+    # The check bites: a misspelt option (Grafana would ignore it silently) does not survive.
+    typo = copy.deepcopy(dash)
+    next(p for p in typo["panels"] if p["type"] == "timeseries")["fieldConfig"]["defaults"]["custom"][
+        "thresholdStyle"] = {"mode": "line"}
+    assert _schema_round_trip(typo) != typo
+
+
+def test_a_panel_that_does_not_fit_its_line_is_refused():
+    # The SDK wraps only after a full line, so 18 + 12 would put the second panel at x=18..30.
+    row = grafana.Row("r", [grafana.timeseries("a", grafana.target("up")).span(18),
+                            grafana.timeseries("b", grafana.target("up")).span(12)])
+    with pytest.raises(ValueError, match="past column 24.*'b'"):
+        grafana.dashboard("t", "u", [row], [])
+    twice = grafana.Row("r", [grafana.timeseries(n, grafana.target("up")).key("k") for n in "ab"])
+    with pytest.raises(ValueError, match="duplicate panel key 'k'"):
+        grafana.dashboard("t", "u", [twice], [])
 
 
 def test_panel_ids_are_unique(dash):
