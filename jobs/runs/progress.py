@@ -64,6 +64,7 @@ class ProgressTracker:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="progress")
         self.status = "running"
         self.baseline = (0, 0)
+        self.baseline_rows = 0  # data rows of every version before this session
         self.last: Optional[dict[str, Any]] = None
         self._counting = False
         # The driver's final update and the thread's may overlap: one scan at a time, or
@@ -77,6 +78,7 @@ class ProgressTracker:
             self.index.refresh()
             self.baseline = (len(self.index.done), self.index.output_tokens)
             self.baseline_failed = len(self.index.open_failed())
+            self.baseline_rows = self.index.data_rows
         self.update()
         self._counting = True
         self._thread.start()
@@ -150,7 +152,10 @@ class ProgressTracker:
             "started_at": self.started, "updated_at": now,
             "elapsed_s": round(now - self.started, 1),
             "last_write_at": c.last_write_ts or self.started,
-            "session_rows": len(c.done) - self.baseline[0],
+            # Rows this session wrote: new prompts and new versions of done ones (a
+            # continue session writes only the latter).
+            "session_rows": c.data_rows - self.baseline_rows,
+            "session_new_prompts": len(c.done) - self.baseline[0],
             "session_output_tokens": tokens - self.baseline[1],
             "outside_input": outside,  # rows whose prompt left the input (not counted)
         }

@@ -76,11 +76,21 @@ def summary_text(store: RunStore, index: "RunIndex", snap: dict[str, Any]) -> st
            if snap.get("outside_input") else ""),
         f"  finish:    {mix}  (truncated {100 * snap['truncated_fraction']:.1f}%)",
         f"  tokens:    {snap['output_tokens']} output, mean {snap['mean_output_tokens']}",
-        f"  session:   {snap['session_rows']} new rows in {snap['elapsed_s']} s: "
+        f"  session:   {_session_rows(snap)} in {snap['elapsed_s']} s: "
         f"{snap['session_rows'] / max(snap['elapsed_s'], 1e-9):.1f} rows/s, "
         f"{snap['session_output_tokens'] / max(snap['elapsed_s'], 1e-9):.0f} output tok/s",
         f"  progress:  {store.uri}/progress.json",
     ])
+
+
+def _session_rows(snap: dict[str, Any]) -> str:
+    """'N rows written' and what they were: new prompts, continued ones (new versions)."""
+    rows = snap["session_rows"]
+    new = snap.get("session_new_prompts", rows)
+    parts = [f"{new} new prompts"] if new else []
+    if rows - new:
+        parts.append(f"{rows - new} continued")
+    return f"{rows} rows written" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _report(store: RunStore, index: "RunIndex") -> str:

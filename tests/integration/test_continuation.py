@@ -30,6 +30,9 @@ def test_continue_truncated_equals_a_long_run(ray_cluster, s3_endpoint, tmp_path
 
     summary = run(short, continue_truncated=True, max_total_tokens=8192)
     assert summary.status == "succeeded"
+    # A continue session says what it wrote: new versions, not "0 new rows".
+    assert f"session:   {len(cut_before)} rows written ({len(cut_before)} continued)" \
+        in summary.text, summary.text
     long_summary = run(long)
     # the end-of-run summary counts each prompt once (its latest version)
     assert summary.text.split("finish:")[1].split("(")[0] == \
