@@ -47,6 +47,7 @@ LONGEST_FIRST = (
     "tests/integration/test_stalls.py",
     "tests/integration/test_exactly_once.py",
     "tests/integration/test_operator_safety.py",
+    "tests/integration/test_engine_ownership.py",
     "tests/integration/test_admission_faults.py",
     "tests/integration/test_export.py",
 )
