@@ -1,7 +1,8 @@
 """Job-level metrics set by the driver from what is durably written: progress gauges,
-the run's alert settings as gauges, the failure/retry/reject counters; plus the
-category cap the generate actors apply to the ``category`` label, and the link to
-raygen's Grafana dashboard the driver logs. Names come from dashboards/metrics_catalog.py."""
+the run's alert settings as gauges, the failure/retry/reject counters; plus the link
+to raygen's Grafana dashboard the driver logs. Names come from
+dashboards/metrics_catalog.py. (The generate actors' cap on the ``category`` label is
+jobs/pipeline/category_cap.py.)"""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ GAUGES = {
     mc.JOB_LAST_WRITE_TIMESTAMP: "last_write_at",
 }
 OUTCOMES = {"failures": mc.FAILURES, "retries": mc.RETRIES, "rejects": mc.REJECTS}
-OTHER_CATEGORY = "other"
 
 
 class JobGauges:
@@ -64,30 +64,6 @@ class JobGauges:
         self.running.set(1.0 if snapshot.get("status") == "running" else 0.0, self.tags)
         for gauge, value in self.settings.items():
             gauge.set(value, self.tags)
-
-
-class CategoryCap:
-    """Bound the ``category`` label: the first ``limit`` distinct categories this actor
-    sees keep their name, every later one is reported as ``other``.
-
-    Categories come from user data, so without a cap one typo-ridden input could create
-    thousands of series per replica. Input order puts the common categories first in
-    practice; each generate actor decides on its own, so with N actors at most
-    N x limit names exist (usually the same few).
-    """
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.kept: set[str] = set()
-
-    def __call__(self, category: Optional[str]) -> str:
-        name = category or ""
-        if name in self.kept:
-            return name
-        if len(self.kept) < self.limit:
-            self.kept.add(name)
-            return name
-        return OTHER_CATEGORY
 
 
 def dashboard_url(run: str, model: str, environ: Optional[dict] = None) -> Optional[str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dashboards import metrics_catalog as mc
-from jobs.runs.job_metrics import OTHER_CATEGORY, CategoryCap, dashboard_url
+from jobs.pipeline.category_cap import OTHER_CATEGORY, CategoryCap
+from jobs.runs.job_metrics import dashboard_url
 
 
 def test_category_cap_keeps_the_first_n_and_maps_the_rest_to_other():
