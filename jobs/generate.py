@@ -1,10 +1,15 @@
 """Entry point: ``python -m jobs.generate --config FILE [--set key=value ...]``.
 
-config -> take the run's lease (one job per run) -> read what the run already holds
-(its run index) -> plan the session (the admission pass reads and validates the input
-and writes its rejects) -> deploy (or attach to) the engine app -> stream
-read/validate/admit/generate/write -> progress.json -> summary. Rerunning the same
-command resumes: only prompts without a durable result are sent.
+config (an error exits 2 before Ray is imported) -> with --pilot: write the pilot's
+sample and switch to the run <run>-pilot -> take the run's lease (one job per run) ->
+read what the run already holds (its run index) -> plan the session (the admission
+pass reads and validates the input and writes its rejects; --continue-truncated picks
+the truncated rows) -> start Ray, claim the Serve app, deploy (or attach to) the
+engine -> stream read/validate/admit/generate/write, progress.json rewritten meanwhile
+-> final status in progress.json -> summary and report -> release the lease.
+--dry-run stops after the plan (no Ray, no lease, no writes); --check-context deploys
+the engine and counts prompts against its context, without the lease. Rerunning the
+same command resumes: only prompts without a durable result are sent.
 Also runs under ``ray job submit --working-dir . -- python -m jobs.generate ...``.
 """
 

@@ -11,8 +11,9 @@ Design decisions:
   validated, so a config whose job section points at files absent here still works), or
   else from the environment the Makefile and the job use: RAYGEN_S3_ENDPOINT and
   AWS_DEFAULT_REGION. Credentials always come from the AWS credential chain.
-- Errors an operator can fix end the command with exit code 1 and one line saying
-  what to do, not a traceback.
+- Errors an operator can fix end the command with one line saying what to do, not a
+  traceback: exit 1 for a run or storage problem (`fail`), exit 2 for bad usage, e.g.
+  neither a run URI nor --config, or an invalid config naming the run (`usage_error`).
 """
 
 from __future__ import annotations
