@@ -9,7 +9,8 @@ import pytest
 from jobs.io.digests import key_digest
 from jobs.io.run_index import RunIndex
 from contract.protocol import GenerateResult
-from jobs.config import parse_config
+from jobs.config import StorageConfig, parse_config
+from jobs.io.run_store import RunStore
 from jobs.runs.continuation import to_continue
 from jobs.pipeline.rows import continued_row
 from jobs.pipeline.settings import StageSettings
@@ -18,6 +19,11 @@ from tests.support.run_rows import make_row, write_rows
 
 TREE = {"engine": {"kind": "simulator", "model_path": "sim-m"},
         "job": {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r"}}
+
+
+@pytest.fixture
+def store(tmp_path) -> RunStore:
+    return RunStore(str(tmp_path / "run"), StorageConfig())
 
 
 def test_rows_made_under_other_settings_are_not_continued(store):
