@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
+from contract.thinking import THINK_END, THINK_START
+
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-THINK_START, THINK_END = "<think>", "</think>"
 
 
 def _tools_block(tools: list[dict[str, Any]]) -> str:

@@ -50,11 +50,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from contract.thinking import THINK_END, THINK_START
 from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
 from jobs.io.run_index import read_latest
 from jobs.io.run_store import RunStore
 from jobs.io.storage import Location, list_files, locate, write_bytes_atomic, write_json_atomic
-from serve_apps.chat_format import THINK_END, THINK_START
 
 FORMATS = ("pretokenized", "conversations", "messages")
 FILE_TYPES = ("jsonl", "parquet")
