@@ -12,14 +12,16 @@ accepts only its own keys. How a kind is launched lives in serve_apps/engines/.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
-                      ValidationError, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator,
+                      Field, Tag, TypeAdapter, ValidationError, model_validator)
 
 from contract import context_budget
+from contract.redact import is_secret_name
 from contract.simulator_settings import SimulatorSettings
 
 # model_path of a simulated engine: anything else is a real model and needs kind=sglang.
@@ -53,8 +55,118 @@ class SpeculativeConfig(StrictModel):
         return self
 
 
-# Pass-through flags: {"--flag-name" or "flag-name": value}; True -> bare flag, None/False -> omitted.
-ExtraArgValue = Union[str, int, float, bool, None]
+# --- engine.extra_args: pass-through SGLang flags ------------------------------------------
+# {"--flag-name" or "flag-name" (or flag_name): value}; true -> the bare flag, false -> left
+# out, anything else -> its text. Flags raygen sets itself are refused: argparse keeps the
+# last value given, so a pass-through copy would silently win, exposing the engine
+# (--host) or labelling every row with settings the engine does not run (--model-path).
+
+class YamlBoolWord(str):
+    """A scalar that YAML 1.1 reads as a boolean but that is spelled as a word (yes, no, on,
+    off in any case): the config loader keeps its text, so extra_args can refuse it while
+    typed bool fields still read it as the boolean (pydantic parses these words)."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    def construct_yaml_bool(self, node):  # type: ignore[override]
+        if node.value.lower() in ("yes", "no", "on", "off"):
+            return YamlBoolWord(node.value)
+        return super().construct_yaml_bool(node)
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_yaml_bool)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML as raygen's config reads it: safe_load, yes/no/on/off kept as YamlBoolWord."""
+    return yaml.load(text, Loader=_ConfigLoader)
+
+
+_NO_FIELD = "there is no config field for it: "
+# Flag (without its dashes) -> what to set instead. SGLang's aliases are listed too
+# (--model, --tensor-parallel-size, --speculative-draft-model); a test checks this
+# against every flag serve_apps/engines/sglang.py builds and SGLang 0.5.23's parser.
+RESERVED_FLAGS: dict[str, str] = {
+    "host": _NO_FIELD + "the replica binds its engine to 127.0.0.1 (the engine has no "
+    "authentication; only the replica may reach it)",
+    "port": _NO_FIELD + "the replica gives its engine a free port",
+    "model-path": "engine.model_path",
+    "model": "engine.model_path",
+    "served-model-name": "engine.served_model_name",
+    "context-length": "engine.context_length",
+    "max-running-requests": "engine.max_running_requests",
+    "base-gpu-id": _NO_FIELD + "each replica runs on the one GPU Ray gave it "
+    "(serve.num_gpus_per_replica)",
+    "tp-size": _NO_FIELD + "raygen runs one engine per GPU (--tp-size 1)",
+    "tensor-parallel-size": _NO_FIELD + "raygen runs one engine per GPU (--tp-size 1)",
+    "speculative-algorithm": "engine.speculative.algorithm",
+    "speculative-num-steps": "engine.speculative.num_steps",
+    "speculative-eagle-topk": "engine.speculative.eagle_topk",
+    "speculative-num-draft-tokens": "engine.speculative.num_draft_tokens",
+    "speculative-draft-model-path": "engine.speculative.draft_model_path",
+    "speculative-draft-model": "engine.speculative.draft_model_path",
+    "enable-metrics": "engine.enable_metrics",
+    "max-total-tokens": "engine.max_total_tokens",
+    "mem-fraction-static": "engine.mem_fraction_static",
+    "max-mamba-cache-size": "engine.max_mamba_cache_size",
+    "reasoning-parser": "engine.reasoning_parser",
+    "tool-call-parser": "engine.tool_call_parser",
+    "device": "engine.device",
+}
+_FLAG_NAME = re.compile(r"(--)?[A-Za-z0-9][A-Za-z0-9_-]*")
+_NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+
+
+def extra_arg_flag(name: str) -> str:
+    """The command-line flag of an extra_args key: "--x_y" stays, "x_y" -> "--x-y"."""
+    return name if name.startswith("--") else f"--{name.replace('_', '-')}"
+
+
+def _flag_words(name: str) -> str:
+    """What SGLang's parser matches a key against: no dashes in front, "-" for "_"."""
+    return name.removeprefix("--").replace("_", "-")
+
+
+def _use_instead(instead: str) -> str:
+    return instead if instead.startswith(_NO_FIELD) else f"set {instead} instead"
+
+
+def _check_extra_arg_name(name: str) -> str:
+    if not _FLAG_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not a flag name: give the long flag without its value, e.g. "
+            f"watchdog-timeout or --watchdog-timeout (the value goes after the colon)")
+    flag = _flag_words(name)
+    if flag in RESERVED_FLAGS:
+        raise ValueError(f"--{flag} is set by raygen; {_use_instead(RESERVED_FLAGS[flag])}")
+    # SGLang's parser accepts any unambiguous prefix of a flag (argparse allow_abbrev).
+    for reserved, instead in RESERVED_FLAGS.items():
+        if reserved.startswith(flag):
+            raise ValueError(
+                f"--{flag} abbreviates --{reserved} (SGLang's parser accepts a flag's "
+                f"prefix), which raygen sets; {_use_instead(instead)}")
+    return name
+
+
+def _check_extra_arg_value(value: Any) -> Any:
+    if isinstance(value, YamlBoolWord):
+        raise ValueError(
+            f"{str(value)!r} is a YAML 1.1 boolean, not text: quote it ('{value}') to pass "
+            f"the word, or write true (the bare flag) or false (the flag left out)")
+    if value is None:
+        raise ValueError("null is not a flag value: true passes the bare flag, false "
+                         "leaves it out, any other value is passed as its text")
+    if not isinstance(value, (str, int, float, bool)):
+        raise ValueError(f"a {type(value).__name__} is not a flag value: values are "
+                         f"strings, numbers or booleans (quote anything else)")
+    if isinstance(value, str) and value.startswith("-") and not _NUMBER.fullmatch(value):
+        raise ValueError("a value starting with '-' would be read by SGLang's parser as "
+                         "another flag, not as this flag's value")
+    return value
+
+
+ExtraArgName = Annotated[str, AfterValidator(_check_extra_arg_name)]
+ExtraArgValue = Annotated[Union[str, int, float, bool], BeforeValidator(_check_extra_arg_value)]
 
 
 class _EngineBase(StrictModel):
@@ -123,8 +235,26 @@ class SGLangEngineConfig(_EngineBase):
         "qwen3", description="SGLang --reasoning-parser; None for non-thinking models.")
     tool_call_parser: Optional[str] = Field(None, description="SGLang --tool-call-parser.")
     enable_metrics: bool = Field(True, description="SGLang --enable-metrics (needed for /metrics).")
-    extra_args: dict[str, ExtraArgValue] = Field(
-        default_factory=dict, description="Any other SGLang flag, passed through verbatim.")
+    extra_args: dict[ExtraArgName, ExtraArgValue] = Field(
+        default_factory=dict, description="Any other SGLang flag: true = the bare flag, "
+        "false = left out, any other string or number = its value. Flags raygen sets "
+        "(host, port, model path, served model name, context length, max running requests, "
+        "base GPU id, tp size, speculative, metrics and the other fields above) are refused "
+        "with the field to use; null and unquoted yes/no/on/off are refused; values of "
+        "secret-looking flags (--api-key) are masked in the logs.")
+
+    @model_validator(mode="after")
+    def _speculative_flags(self) -> "SGLangEngineConfig":
+        # Tuning flags of speculative decoding only mean something with it on, and with it
+        # off raygen reserves no draft tokens in the context budget.
+        if self.speculative is None:
+            for name in self.extra_args:
+                if _flag_words(name).startswith("spec"):
+                    raise ValueError(
+                        f"extra_args.{name}: speculative decoding is off (engine.speculative "
+                        f"is not set); turn it on there, its other --speculative-* flags "
+                        f"then pass through")
+        return self
 
     @model_validator(mode="after")
     def _cpu_pool(self) -> "SGLangEngineConfig":
@@ -165,7 +295,7 @@ class SimulatorEngineConfig(_EngineBase):
     # The simulated output follows Qwen3's reasoning format and takes no extra flags;
     # fixed values so output_settings (jobs/pipeline/rows.py) reads both kinds alike.
     reasoning_parser: ClassVar[Optional[str]] = "qwen3"
-    extra_args: ClassVar[dict[str, ExtraArgValue]] = {}
+    extra_args: ClassVar[dict[str, Union[str, int, float, bool]]] = {}
 
     @model_validator(mode="after")
     def _simulator_model(self) -> "SimulatorEngineConfig":
@@ -254,13 +384,17 @@ def format_errors(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         # A tagged union puts the tag in the path (engine.sglang.model_path); the YAML
         # key is engine.model_path.
+        # A mapping's key error ends in "[key]": the key itself is already named.
         loc = [str(p) for i, p in enumerate(err["loc"])
-               if not (p in ENGINE_KINDS and i > 0 and err["loc"][i - 1] == "engine")]
+               if not (p in ENGINE_KINDS and i > 0 and err["loc"][i - 1] == "engine")
+               and p != "[key]"]
         if err["type"] == "engine_kind":
             loc.append("kind")
         key = ".".join(loc) or "(top level)"
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r:.80})"
+        # Never echo the value of a secret-looking key (--api-key) into a log or console.
+        quiet = err["type"] == "extra_forbidden" or (len(loc) > 1 and is_secret_name(loc[-1]))
+        got = "" if quiet else f" (got {err.get('input')!r:.80})"
         lines.append(f"  {key}: {msg}{got}")
     return "\n".join(lines)
 
@@ -268,7 +402,7 @@ def format_errors(exc: ValidationError, source: str) -> str:
 def read_config_tree(path: str) -> dict[str, Any]:
     """The YAML mapping of a run config file, or ConfigError saying what is wrong."""
     try:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
+        tree = load_yaml(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as exc:

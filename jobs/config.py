@@ -1,6 +1,7 @@
 """One validated YAML schema for a run: engine, serve, job, storage.
 
-``load_config(path, overrides)`` reads YAML with ``yaml.safe_load``, applies
+``load_config(path, overrides)`` reads YAML with ``yaml.safe_load`` (yes/no/on/off kept
+as words, so ``engine.extra_args`` can refuse them: contract.config.load_yaml), applies
 ``--set dotted.key=value`` overrides (values parsed as YAML), and validates. Unknown
 keys and bad values raise ConfigError naming the dotted key. Cross-field checks
 refuse, before any GPU time is spent, a context length that cannot hold prompt +
@@ -13,11 +14,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Optional
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contract.config import (ConfigError, EngineConfig, ServeConfig, SimulatorEngineConfig,
-                             StrictModel, format_errors, read_config_tree)
+                             StrictModel, format_errors, load_yaml, read_config_tree)
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -215,7 +215,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. job.max_new_tokens=8192")
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw else "")
+        _set_dotted(tree, key.strip(), load_yaml(raw) if raw else "")
     return tree
 
 

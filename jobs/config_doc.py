@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -36,6 +36,16 @@ def _default(field) -> str:
     return f"`{field.default!r}`"
 
 
+def _plain(annotation: Any) -> Any:
+    """The type without its Annotated validators (extra_args' keys and values carry some)."""
+    if get_origin(annotation) is Annotated:
+        return _plain(get_args(annotation)[0])
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (dict, list, tuple, Union):
+        return origin[tuple(_plain(a) for a in args)]
+    return annotation
+
+
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows, nested = [], []
     for name, field in model.model_fields.items():
@@ -43,7 +53,7 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         if _is_model(field.annotation):
             nested.append((field.annotation, key))
             continue
-        ann = field.annotation
+        ann = _plain(field.annotation)
         kind = ann.__name__ if isinstance(ann, type) else repr(ann).replace("typing.", "")
         kind = kind.replace("|", "\\|")
         desc = (field.description or "").replace("\n", " ")

@@ -5,7 +5,9 @@
   on Linux guard and engine also carry a parent-death signal (engine_guard.py).
 - ``wait_ready`` polls /health with a deadline and stops waiting the moment the child
   exits, quoting its last log lines (the usual cause: OOM, bad flag, missing weights).
-- The engine's stdout/stderr are relayed line by line to this process's log.
+- The engine's stdout/stderr are relayed line by line to this process's log, and its
+  argv and environment logged once, with secret-looking values masked (contract.redact:
+  the replica log is on the Ray dashboard; SGLang prints its server args, api_key too).
 - ``stop`` is safe to call twice.
 """
 
@@ -26,6 +28,7 @@ import urllib.request
 from typing import Callable, Optional
 
 from contract.outcomes import EngineStartError
+from contract.redact import mask_argv, mask_env, mask_text
 
 logger = logging.getLogger("ray.serve.engine")
 
@@ -136,7 +139,8 @@ class EngineProcess:
         guard = [sys.executable, "-m", "serve_apps.engine_guard",
                  "--parent-pid", str(os.getpid()), "--"]
         logger.info("starting %s: %s%s", self.name, "".join(
-            f"{k}={v} " for k, v in sorted(self.env.items())), " ".join(self.command))
+            f"{k}={v} " for k, v in sorted(mask_env(self.env).items())),
+            " ".join(mask_argv(self.command)))
         # The guard's parent-death signal fires when the thread that forked it exits
         # (engine_guard.py), so fork from a thread that outlives the guard: it relays the
         # output, then reaps the guard. (Serve 2.60 runs __init__ on its long-lived user
@@ -167,7 +171,7 @@ class EngineProcess:
         ready.set()
         assert proc.stdout
         for line in proc.stdout:
-            line = line.rstrip()
+            line = mask_text(line.rstrip())  # the tail ends up in start errors too
             self._tail.append(line)
             logger.info("[%s] %s", self.name, line)
         while proc.poll() is None:  # output closed: stay until the guard is gone (poll,

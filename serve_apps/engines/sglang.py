@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from contract.config import SGLangEngineConfig
+from contract.config import SGLangEngineConfig, extra_arg_flag
 from serve_apps.engines import sglang_cpu
 
 # SGLang's CPU engine: SDPA attention (also its own fallback without AMX,
@@ -22,10 +22,6 @@ from serve_apps.engines import sglang_cpu
 CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native",
              "--cuda-graph-backend-decode", "disabled",
              "--cuda-graph-backend-prefill", "disabled", "--sleep-on-idle"]
-
-
-def _flag(name: str) -> str:
-    return name if name.startswith("--") else f"--{name.replace('_', '-')}"
 
 
 def build_command(cfg: SGLangEngineConfig, host: str, port: int,
@@ -69,10 +65,12 @@ def build_command(cfg: SGLangEngineConfig, host: str, port: int,
             args += ["--speculative-draft-model-path", spec.draft_model_path]
     if cfg.enable_metrics:
         args.append("--enable-metrics")
+    # Last, after raygen's own flags; the config refuses any that would override them
+    # (contract.config.RESERVED_FLAGS), so order does not decide what the engine runs.
     for name, value in cfg.extra_args.items():
-        if value is None or value is False:
+        if value is False:
             continue
-        args.append(_flag(name))
+        args.append(extra_arg_flag(name))
         if value is not True:
             args.append(str(value))
     return args

@@ -80,7 +80,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "tool_call_parser": "qwen3_coder",
     "extra_args": {"watchdog-timeout": 600, "--decode-log-interval": 40,
                    "enable_cache_report": True, "disable-radix-cache": False,
-                   "chunked-prefill-size": None, "mamba-radix-cache-strategy": "auto"},
+                   "chunked-prefill-size": "-1", "mamba-radix-cache-strategy": "auto"},
 }
 SPECULATIVE = [None, "NEXTN", "EAGLE", "EAGLE3", "STANDALONE"]
 
@@ -140,7 +140,7 @@ def _check_parsed(parser: argparse.ArgumentParser, cfg: SGLangEngineConfig,
     wrong = [f"{k}: sent {v!r}, SGLang read {getattr(ns, k, '<missing>')!r}"
              for k, v in _expected_values(cfg).items() if getattr(ns, k, "<missing>") != v]
     for name, value in cfg.extra_args.items():
-        if value is None or value is False:
+        if value is False:
             continue
         action = _action(parser, name if name.startswith("--") else
                          "--" + name.replace("_", "-"))
@@ -205,6 +205,49 @@ def test_misspelled_or_removed_flag_fails(sglang_parser, extra, why):
     cfg = SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", extra_args=extra)
     with pytest.raises(ParseError, match=why):
         sglang_parser.parse_args(_argv(cfg))
+
+
+def _sglang_flags_of(parser: argparse.ArgumentParser, dest: str) -> set[str]:
+    return {o[2:] for a in parser._actions if a.dest == dest for o in a.option_strings
+            if o.startswith("--")}
+
+
+def test_every_flag_raygen_builds_is_reserved_under_every_sglang_name(sglang_parser):
+    """extra_args may not set what build_command sets: each flag of every variant's argv
+    (minus the CPU engine's fixed flags and --log-level-http), under each name SGLang's
+    parser has for it, is in RESERVED_FLAGS, and no other SGLang flag is a prefix of a
+    reserved one (the abbreviation rule would refuse it)."""
+    from contract.config import RESERVED_FLAGS
+    from serve_apps.engines.sglang import CPU_FLAGS
+    unreserved_on_purpose = {f[2:] for f in CPU_FLAGS if f.startswith("--")} | {"log-level-http"}
+    built = {arg[2:] for cfg in all_variants() for arg in _argv(cfg) if arg.startswith("--")}
+    built -= {n.lstrip("-").replace("_", "-") for n in OPTIONAL_FIELDS["extra_args"]}
+    dests = {_action(sglang_parser, f"--{flag}").dest for flag in built - unreserved_on_purpose}
+    names = set().union(*(_sglang_flags_of(sglang_parser, d) for d in dests))
+    assert names - set(RESERVED_FLAGS) == set(), "raygen sets these but extra_args may too"
+    # A reserved name SGLang does not know would protect nothing (renamed in an upgrade?).
+    known = {o[2:] for o in sglang_parser._option_string_actions if o.startswith("--")}
+    assert set(RESERVED_FLAGS) - known == set()
+    prefixes = {k for k in known for r in RESERVED_FLAGS if r != k and r.startswith(k)}
+    assert prefixes <= set(RESERVED_FLAGS), prefixes - set(RESERVED_FLAGS)
+
+
+@pytest.mark.parametrize("key", ["host", "--port", "model", "model_path", "tp", "served-model",
+                                 "speculative-num-steps", "enable-metrics", "context-len"])
+def test_a_reserved_flag_passed_through_would_reach_sglang(sglang_parser, key):
+    """Why they are refused: each of these keys, as build_command would append it, is
+    read by SGLang's parser as one of raygen's own settings (the last value wins)."""
+    from contract.config import RESERVED_FLAGS, extra_arg_flag
+    cfg = SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B", enable_metrics=False,
+                             speculative=SpeculativeConfig(algorithm="NEXTN"))
+    flag = key.lstrip("-").replace("_", "-")
+    action = _action(sglang_parser, "--" + next(r for r in RESERVED_FLAGS if r.startswith(flag)))
+    value = True if action.nargs == 0 else 7  # a bare flag (store_true) or one with a value
+    argv = _argv(cfg) + [extra_arg_flag(key)] + ([] if value is True else [str(value)])
+    ns = sglang_parser.parse_args(argv)
+    assert getattr(ns, action.dest) == (value if value is True else action.type(str(value)))
+    with pytest.raises(ValueError, match="set by raygen|abbreviates"):
+        SGLangEngineConfig(**{**cfg.model_dump(exclude={"extra_args"}), "extra_args": {key: value}})
 
 
 def test_unknown_reasoning_parser_fails(sglang_parser):
