@@ -5,8 +5,11 @@ unit in its name. Unknown keys are errors (``extra="forbid"``) so a typo in a 30
 run's YAML fails at submit time, not as silently ignored tuning.
 
 The engine config is a union discriminated by ``kind``: ``sglang`` (the real server and
-its flags) or ``simulator`` (the CPU stand-in and its knobs; the default). Each kind
-accepts only its own keys. How a kind is launched lives in serve_apps/engines/.
+its flags) or ``simulator`` (the CPU stand-in and its knobs). An engine section must
+name its kind: with a default one, a section whose ``kind`` line was lost would be read
+as the other kind and its keys reported as unknown, never the missing kind. (A config
+without an engine section gets the simulator.) Each kind accepts only its own keys.
+How a kind is launched lives in serve_apps/engines/.
 """
 
 from __future__ import annotations
@@ -282,8 +285,8 @@ class SimulatorEngineConfig(_EngineBase):
     """The simulated engine (serve_apps/engines/simulator/): SGLang's HTTP API on CPU."""
 
     kind: Literal["simulator"] = Field(
-        "simulator", description="The simulated engine; accepts only model_path names "
-        "starting with 'sim-'.")
+        description="The simulated engine; accepts only model_path names starting with "
+        "'sim-'.")
     model_path: str = Field(
         "sim-qwen", description="Simulated model name; must start with 'sim-'.")
     chat_template: Literal["builtin", "model"] = Field(
@@ -299,8 +302,8 @@ class SimulatorEngineConfig(_EngineBase):
 
     @model_validator(mode="after")
     def _simulator_model(self) -> "SimulatorEngineConfig":
-        # kind defaults to the simulator; a real model name under it would write simulated
-        # text labelled as that model for a whole run.
+        # A real model name under the simulator would write simulated text labelled as
+        # that model for a whole run.
         if not self.model_path.startswith(SIMULATOR_MODEL_PREFIX):
             raise ValueError(
                 f"engine.kind is simulator but engine.model_path {self.model_path!r} is not a "
@@ -310,17 +313,23 @@ class SimulatorEngineConfig(_EngineBase):
 
 
 def _engine_kind(value: Any) -> Optional[str]:
-    # No kind means the simulator (the default engine); an unknown kind fails below.
+    # No default: a missing kind (None) and an unknown one fail below, as engine_kind.
     if isinstance(value, dict):
-        return value.get("kind", "simulator")
+        return value.get("kind")
     return getattr(value, "kind", None)
+
+
+def default_engine() -> "SimulatorEngineConfig":
+    """The engine of a config without an engine section: the simulator's defaults."""
+    return SimulatorEngineConfig(kind="simulator")
 
 
 EngineConfig = Annotated[
     Union[Annotated[SGLangEngineConfig, Tag("sglang")],
           Annotated[SimulatorEngineConfig, Tag("simulator")]],
     Discriminator(_engine_kind, custom_error_type="engine_kind",
-                  custom_error_message=f"kind must be one of {', '.join(ENGINE_KINDS)}"),
+                  custom_error_message=f"engine.kind is missing or unknown: one of "
+                                       f"{', '.join(ENGINE_KINDS)}"),
 ]
 _ENGINE = TypeAdapter(EngineConfig)
 
@@ -374,8 +383,19 @@ class EngineSections(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    engine: EngineConfig = Field(default_factory=SimulatorEngineConfig)
+    engine: EngineConfig = Field(default_factory=default_engine)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+
+
+def _kind_problem(where: str, value: Any) -> str:
+    """The line for an engine section without a known kind: it names the kind, not the
+    keys that would be wrong under some other kind."""
+    kinds = ", ".join(ENGINE_KINDS)
+    if not isinstance(value, dict):
+        return f"{where}: expected a mapping with a kind, one of {kinds} (got {value!r:.80})"
+    if value.get("kind") is None:
+        return f"{where}.kind is required: one of {kinds}"
+    return f"{where}.kind: unknown kind {value['kind']!r:.40}; one of {kinds}"
 
 
 def format_errors(exc: ValidationError, source: str) -> str:
@@ -389,7 +409,8 @@ def format_errors(exc: ValidationError, source: str) -> str:
                if not (p in ENGINE_KINDS and i > 0 and err["loc"][i - 1] == "engine")
                and p != "[key]"]
         if err["type"] == "engine_kind":
-            loc.append("kind")
+            lines.append(f"  {_kind_problem('.'.join(loc) or 'engine', err.get('input'))}")
+            continue
         key = ".".join(loc) or "(top level)"
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         # Never echo the value of a secret-looking key (--api-key) into a log or console.

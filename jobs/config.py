@@ -163,7 +163,7 @@ def rows_per_replica(rows_in_flight: int, replicas: int) -> int:
 
 
 class RunConfig(StrictModel):
-    engine: EngineConfig = Field(default_factory=SimulatorEngineConfig)
+    engine: EngineConfig = Field(default_factory=lambda: SimulatorEngineConfig(kind="simulator"))
     serve: ServeConfig = Field(default_factory=ServeConfig)
     job: JobConfig
     storage: StorageConfig = Field(default_factory=StorageConfig)

@@ -84,7 +84,7 @@ def test_engine_relay_forwards_every_sglang_sample_under_its_relay_name(monkeypa
 
 def test_new_config_keys_are_validated_with_a_clear_error():
     from jobs.config import ConfigError, parse_config
-    base = {"engine": {"model_path": "sim-m"}, "job": {"input": "x.jsonl", "output": "/tmp/o", "run_name": "r"}}
+    base = {"engine": {"kind": "simulator", "model_path": "sim-m"}, "job": {"input": "x.jsonl", "output": "/tmp/o", "run_name": "r"}}
     cfg = parse_config(base)
     assert cfg.job.truncation_alert_ratio == 0.10 and cfg.job.metrics_category_limit == 20
     for key, bad in (("truncation_alert_ratio", 1.5), ("truncation_alert_ratio", 0), ("metrics_category_limit", 0)):

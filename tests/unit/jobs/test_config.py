@@ -89,7 +89,7 @@ def test_input_list_is_kept():
 @pytest.mark.parametrize("t, dotted", [
     (dict(BASE, jbo={"x": 1}), "jbo"),
     (tree(job={"max_new_tokns": 5}), "job.max_new_tokns"),
-    (tree(engine={"simulator": {"time_scael": 0.1}}), "engine.simulator.time_scael"),
+    (tree(engine={"kind": "simulator", "simulator": {"time_scael": 0.1}}), "engine.simulator.time_scael"),
     (tree(job={"sampling": {"temprature": 0.7}}), "job.sampling.temprature"),
     (tree(serve={"autoscaling": {"max_replica": 3}}), "serve.autoscaling.max_replica"),
     (tree(storage={"bucket": "x"}), "storage.bucket"),
@@ -169,24 +169,27 @@ def test_run_name_too_long():
 
 def test_context_length_equal_to_budget_names_both_keys():
     # The story's mistake: 8192 context with an 8192 budget leaves no room for a prompt.
-    msg = error_of(tree(engine={"context_length": 8192}, job={"max_new_tokens": 8192}))
+    msg = error_of(tree(engine={"kind": "simulator", "context_length": 8192},
+                        job={"max_new_tokens": 8192}))
     assert "engine.context_length (8192)" in msg
     assert "job.max_new_tokens (8192)" in msg
 
 
 def test_context_length_below_budget_rejected():
-    msg = error_of(tree(engine={"context_length": 4096}, job={"max_new_tokens": 8192}))
+    msg = error_of(tree(engine={"kind": "simulator", "context_length": 4096},
+                        job={"max_new_tokens": 8192}))
     assert "engine.context_length" in msg and "job.max_new_tokens" in msg
 
 
 def test_context_length_just_above_budget_ok():
-    cfg = parse_config(tree(engine={"context_length": 8193}, job={"max_new_tokens": 8192}))
+    cfg = parse_config(tree(engine={"kind": "simulator", "context_length": 8193},
+                            job={"max_new_tokens": 8192}))
     assert cfg.engine.context_length == 8193
 
 
 def test_serve_queue_shorter_than_engine_batch():
     msg = error_of(tree(serve={"max_ongoing_requests": 32},
-                        engine={"max_running_requests": 48},
+                        engine={"kind": "simulator", "max_running_requests": 48},
                         job={"max_actors": 1, "inflight_rows_per_actor": 16}))
     assert "serve.max_ongoing_requests (32)" in msg
     assert "engine.max_running_requests (48)" in msg
@@ -194,7 +197,7 @@ def test_serve_queue_shorter_than_engine_batch():
 
 def test_serve_queue_equal_to_engine_batch_ok():
     cfg = parse_config(tree(serve={"max_ongoing_requests": 48},
-                            engine={"max_running_requests": 48},
+                            engine={"kind": "simulator", "max_running_requests": 48},
                             job={"max_actors": 1, "inflight_rows_per_actor": 48}))
     assert cfg.serve.max_ongoing_requests == 48
 
@@ -246,8 +249,9 @@ def test_override_nested_existing_key():
 
 
 def test_override_creates_new_nested_sections():
-    t = apply_overrides(copy.deepcopy(BASE), ["engine.speculative.num_steps=5"])
-    assert t["engine"] == {"speculative": {"num_steps": 5}}
+    t = apply_overrides(copy.deepcopy(BASE), ["engine.kind=simulator",
+                                              "engine.speculative.num_steps=5"])
+    assert t["engine"] == {"kind": "simulator", "speculative": {"num_steps": 5}}
     cfg = parse_config(t)
     assert cfg.engine.speculative.num_steps == 5
     assert cfg.engine.speculative.algorithm == "NEXTN"

@@ -71,7 +71,7 @@ class FakeBackend:
 
 
 def _replica() -> tuple[EngineReplica, FakeBackend]:
-    cfg = SimulatorEngineConfig(context_length=4096)
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=4096)
     replica = EngineReplica(cfg, backend=FakeBackend)
     assert isinstance(replica.engine, FakeBackend)
     return replica, replica.engine

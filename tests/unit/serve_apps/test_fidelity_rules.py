@@ -28,14 +28,15 @@ from serve_apps.generation import Generator
 def test_simulator_kind_refuses_a_real_model_path():
     with pytest.raises(ValidationError, match=r"engine.kind is simulator but engine.model_path "
                                               r"'Qwen/Qwen3.6-27B' is not a simulator model"):
-        parse_engine_config({"model_path": "Qwen/Qwen3.6-27B"})
-    assert parse_engine_config({"model_path": "sim-qwen3"}).kind == "simulator"
+        parse_engine_config({"kind": "simulator", "model_path": "Qwen/Qwen3.6-27B"})
+    assert parse_engine_config({"kind": "simulator",
+                                "model_path": "sim-qwen3"}).kind == "simulator"
     assert parse_engine_config({"kind": "sglang", "model_path": "Qwen/Qwen3.6-27B"}).kind == "sglang"
 
 
 def test_chat_template_defaults_to_the_model_for_sglang_only():
     assert SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B").chat_template == "model"
-    assert SimulatorEngineConfig().chat_template == "builtin"
+    assert SimulatorEngineConfig(kind="simulator").chat_template == "builtin"
     assert SGLangEngineConfig(kind="sglang", model_path="m", chat_template="builtin").chat_template == "builtin"
 
 
@@ -87,8 +88,9 @@ def test_check_context_counts_against_sglangs_room():
 
 
 def test_simulator_gets_sglangs_reserve_from_the_speculative_config():
-    cfg = SimulatorEngineConfig(context_length=4096, speculative=SpeculativeConfig(
-        algorithm="NEXTN", num_steps=3, eagle_topk=1, num_draft_tokens=4))
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=4096,
+                                speculative=SpeculativeConfig(algorithm="NEXTN", num_steps=3,
+                                                              eagle_topk=1, num_draft_tokens=4))
     cmd = launch_command(cfg, "127.0.0.1", 30000)
     settings = SimulatorSettings.from_cli_args(cmd[cmd.index("--port") + 2:])
     assert settings.speculative_reserved_tokens == cfg.reserved_tokens == 4
