@@ -16,8 +16,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from contract.config import (ConfigError, EngineConfig, ServeConfig, SimulatorEngineConfig,
-                             StrictModel, format_errors, load_yaml, read_config_tree)
+from contract.config import (ConfigError, EngineConfig, ServeConfig, StrictModel,
+                             default_engine, format_errors, load_yaml, read_config_tree)
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -163,7 +163,7 @@ def rows_per_replica(rows_in_flight: int, replicas: int) -> int:
 
 
 class RunConfig(StrictModel):
-    engine: EngineConfig = Field(default_factory=lambda: SimulatorEngineConfig(kind="simulator"))
+    engine: EngineConfig = Field(default_factory=default_engine)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     job: JobConfig
     storage: StorageConfig = Field(default_factory=StorageConfig)
