@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Fault knobs that POST /sim/faults may change at runtime; everything else is
 # fixed for the life of the process (timing and the length model feed the
 # determinism guarantees).
-FAULT_FIELDS = ("error_rate", "error_status", "slow_rate", "slow_factor", "crash_after_requests")
+FAULT_FIELDS = ("error_rate", "error_status", "slow_rate", "slow_factor", "crash_after_requests",
+                "broken_output")
 
 _NONE_TOKEN = "none"
 
@@ -82,6 +83,12 @@ class SimulatorSettings(BaseModel):
         ge=1,
         description="When this many /generate requests have been received (counted from start or from the last "
         "/sim/faults update of this field) the process dies with os._exit(1), like a GPU fault; None = never.",
+    )
+    broken_output: Literal["", "empty", "token_loop"] = Field(
+        "",
+        description="Outputs broken the way engines have broken them while still reporting success: "
+        "empty = EOS at once (no text, finish stop); token_loop = token id 0 repeated up to the budget "
+        "(at most 200), then EOS. '' = sound outputs.",
     )
     seed: int = Field(0, description="Seed of the fault RNG (error_rate, slow_rate draws) only; outputs never depend on it.")
 
@@ -150,4 +157,6 @@ def _cli_parser_for(annotation: Any):
         return simple[annotation]
     if annotation == (int | None):
         return _parse_optional_int
+    if getattr(annotation, "__origin__", None) is Literal:  # pydantic checks the value
+        return str
     raise TypeError(f"no command-line parser for {annotation!r}; extend _cli_parser_for")

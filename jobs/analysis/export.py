@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 from contract.thinking import THINK_END, THINK_START
 from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
 from jobs.io.run_index import read_latest
+from jobs.pipeline.integrity import integrity_flags
 from jobs.io.run_store import RunStore
 from jobs.io.storage import Location, list_files, locate, write_bytes_atomic, write_json_atomic
 
@@ -64,7 +65,7 @@ MANIFEST = "export.manifest"
 SHARD_NAME = re.compile(r"^part-\d{5}\.(jsonl|parquet)$")
 RUN_FOLDERS = ("data", "failures", "rejects", "final")
 FILTER_COLUMNS = ["category", "finish_reason", "finished_thinking", "repetition_ratio",
-                  "prompt_token_ids", "output_token_ids"]
+                  "prompt_token_ids", "output_token_ids", "integrity_flags"]
 TEXT_COLUMNS = ["messages", "tools", "reasoning", "answer"]
 
 TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", pa.struct(
@@ -93,11 +94,13 @@ class Filters:
     max_repetition_ratio: Optional[float] = None
     max_length: Optional[int] = None         # prompt + output tokens
     categories: tuple[str, ...] = ()         # empty = every category
+    keep_flagged: bool = False               # keep rows with integrity flags too
 
     def checks(self) -> list[tuple[str, Callable[[pa.Table], pa.ChunkedArray]]]:
         """(filter name, keep-mask function) in the order they apply; only active ones."""
         reasons = pa.array(["stop", "length"] if self.include_truncated else ["stop"])
-        out = [("finish_reason", lambda t: pc.is_in(t["finish_reason"], reasons))]
+        out = [] if self.keep_flagged else [("integrity", lambda t: sound(row_flags(t)))]
+        out.append(("finish_reason", lambda t: pc.is_in(t["finish_reason"], reasons)))
         if self.require_finished_thinking:
             out.append(("finished_thinking", lambda t: pc.equal(t["finished_thinking"], True)))
         if self.max_repetition_ratio is not None:
@@ -118,6 +121,27 @@ class Filters:
             dropped[name] = dropped.get(name, 0) + t.num_rows - kept.num_rows
             t = kept
         return t
+
+
+def row_flags(t: pa.Table) -> list[list[str]]:
+    """Each row's integrity flags; a row written before raygen recorded them (null) is
+    checked now, on the columns read (the text checks need a text format's columns)."""
+    stored = t["integrity_flags"].to_pylist()
+    if None not in stored:
+        return stored
+    rows = t.to_pylist()
+    return [flags if flags is not None else integrity_flags(row)
+            for flags, row in zip(stored, rows)]
+
+
+def sound(flags: list[list[str]]) -> pa.Array:
+    return pa.array([not f for f in flags], pa.bool_())
+
+
+def tally_flags(flags: list[list[str]], counts: dict[str, int]) -> None:
+    for row in flags:
+        for flag in row:
+            counts[flag] = counts.get(flag, 0) + 1
 
 
 # --- records -------------------------------------------------------------------------
@@ -291,11 +315,13 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         pass
     columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
     writer, dropped, damaged = ShardWriter(out, fmt, file_type, rows_per_file), {}, {}
+    flagged: dict[str, int] = {}  # integrity flag -> rows read that carry it
     for path, part, expected in read_latest(store, picks.index, columns, verify=True):
         if part.num_rows < expected:  # damaged: quarantined by the read
             damaged[path] = expected - part.num_rows
         if not part.num_rows:
             continue
+        tally_flags(row_flags(part), flagged)
         kept = filters.apply(part, dropped)
         if fmt == "pretokenized" and file_type == "jsonl":
             writer.add_lines(pretokenized_lines(kept))
@@ -315,6 +341,7 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         "data_rows": picks.data_rows, "keys": picks.keys,
         "older_versions_skipped": picks.data_rows - picks.keys,
         "dropped": {name: n for name, n in dropped.items()},
+        "integrity_flags": dict(sorted(flagged.items())),  # of the rows read, kept or not
         "filters": {**filters.__dict__, "categories": list(filters.categories)},
         "elapsed_s": round(elapsed, 3), "rows_per_s": round(rows / max(elapsed, 1e-9), 1),
     }
@@ -358,6 +385,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="drop rows longer than N tokens (prompt + output)")
     parser.add_argument("--category", action="append", default=[], metavar="C",
                         help="keep only this category (repeat for several)")
+    parser.add_argument("--keep-flagged", action="store_true",
+                        help="keep rows with integrity flags (empty answer, missing </think>, "
+                             "token runs, n-gram loops, U+FFFD); default: left out, counted "
+                             "in the manifest")
     parser.add_argument("--force", action="store_true",
                         help="export even though progress.json says the run is running")
 
@@ -373,7 +404,7 @@ def filters_from_args(args: argparse.Namespace) -> Filters:
     return Filters(include_truncated=args.include_truncated,
                    require_finished_thinking=args.require_finished_thinking,
                    max_repetition_ratio=args.max_repetition_ratio, max_length=args.max_length,
-                   categories=tuple(args.category))
+                   categories=tuple(args.category), keep_flagged=args.keep_flagged)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import pyarrow as pa
 from contract.outcomes import route
 from contract.protocol import RESULT_COLUMNS, GenerateResult
 from jobs.io.schema import STAGE_OUTPUT
+from jobs.pipeline.integrity import integrity_flags
 from jobs.pipeline.settings import StageSettings
 
 
@@ -45,6 +46,7 @@ def data_row(row: dict[str, Any], result: GenerateResult, stage: StageSettings,
         repetition_ratio=repetition_ratio(result.output_token_ids),
         attempts=attempts, model=stage.model, sampling=stage.sampling_json,
         settings_hash=stage.settings_hash, created_at=now())
+    out["integrity_flags"] = integrity_flags(out)
     return out
 
 
@@ -77,6 +79,7 @@ def continued_row(base: dict[str, Any], result: GenerateResult, stage: StageSett
         model=stage.model, sampling=stage.sampling_json,
         settings_hash=stage.settings_hash,  # its own (checked equal to the base's)
         created_at=now())
+    out["integrity_flags"] = integrity_flags(out)  # of the whole output, this version's
     return out
 
 

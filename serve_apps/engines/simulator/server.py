@@ -20,6 +20,7 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -120,6 +121,7 @@ class Simulator:
             skip_special_tokens=req.skip_special_tokens,
             no_stop_trim=req.no_stop_trim,
         )
+        gen = broken(gen, self.settings.broken_output, max_new)
         n_in, n_out = len(req.input_ids), len(gen.output_ids)
         # Like SGLang's radix cache: a prompt can be reused once its prefill is done, so
         # requests prefilled together share nothing (seen on the real engine).
@@ -236,6 +238,17 @@ class Simulator:
             if "crash_after_requests" in updates:
                 self.received_for_crash = 0
         return web.json_response(self.settings.fault_settings())
+
+
+def broken(gen: model.Generation, how: str, max_new: int) -> model.Generation:
+    """The output as a broken engine returns it while reporting success (the
+    broken_output fault): nothing at all, or token id 0 looping until EOS."""
+    if not how:
+        return gen
+    ids = [] if how == "empty" else [0] * min(max_new - 1, 200)
+    ids.append(tk.EOS_ID)
+    return dataclasses.replace(gen, output_ids=ids, text=tk.decode(ids[:-1]), reasoning_tokens=len(ids) - 1,
+                               finish_reason={"type": "stop", "matched": tk.EOS_ID})
 
 
 async def _json_object(request: web.Request) -> dict:

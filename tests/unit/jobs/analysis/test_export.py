@@ -49,7 +49,7 @@ def test_pretokenized_records_are_the_latest_versions_ids_exactly(store, tmp_pat
         assert set(r) == {"id", "input_ids", "loss_mask"}
     assert manifest["rows"] == 30 and manifest["keys"] == 30
     assert manifest["data_rows"] == 40 and manifest["older_versions_skipped"] == 10
-    assert manifest["dropped"] == {"finish_reason": 0}
+    assert manifest["dropped"] == {"integrity": 0, "finish_reason": 0}
 
 
 def test_records_follow_the_trainers_documented_pretokenized_contract(store, tmp_path):
@@ -73,7 +73,7 @@ def test_truncated_rows_only_on_request_and_with_no_invented_end_token(store, tm
                                         finish_reason="length", finished_thinking=False),
                                make_row("done")])
     default = ex.export(store, str(tmp_path / "a"), "pretokenized")
-    assert default["dropped"] == {"finish_reason": 1} and default["rows"] == 1
+    assert default["dropped"] == {"integrity": 0, "finish_reason": 1} and default["rows"] == 1
     kept = ex.export(store, str(tmp_path / "b"), "pretokenized", ex.Filters(include_truncated=True))
     cut = next(r for r in read_jsonl(tmp_path / "b") if r["id"] == "cut")
     assert kept["rows"] == 2 and cut["input_ids"] == [1, 2, 3, 9, 9, 8]
@@ -94,8 +94,27 @@ def test_each_filter_drops_and_counts_its_rows(store, tmp_path):
     manifest = ex.export(store, str(tmp_path / "out"), "conversations", filters)
     assert [r["id"] for r in read_jsonl(tmp_path / "out")] == ["ok"]
     # "cut" is kept by finish_reason (--include-truncated) and dropped by category.
-    assert manifest["dropped"] == {"finish_reason": 1, "finished_thinking": 1,
+    assert manifest["dropped"] == {"integrity": 0, "finish_reason": 1, "finished_thinking": 1,
                                    "repetition_ratio": 1, "max_length": 1, "category": 2}
+
+
+def test_flagged_rows_are_left_out_and_counted_unless_kept(store, tmp_path):
+    write_rows(store, "data", [
+        make_row("ok"),
+        make_row("empty", answer="", integrity_flags=["empty_answer"]),
+        make_row("loop", integrity_flags=["token_run", "missing_think_end"]),
+        # Written before raygen recorded flags (null): checked at export on what it holds.
+        make_row("old-broken", finished_thinking=False, answer="", integrity_flags=None),
+        make_row("old-sound", integrity_flags=None),
+    ])
+    manifest = ex.export(store, str(tmp_path / "out"), "messages")
+    assert sorted(r["id"] for r in read_jsonl(tmp_path / "out")) == ["ok", "old-sound"]
+    assert manifest["dropped"]["integrity"] == 3
+    assert manifest["integrity_flags"] == {"empty_answer": 1, "missing_think_end": 2,
+                                           "token_run": 1}
+    kept = ex.export(store, str(tmp_path / "all"), "messages", ex.Filters(keep_flagged=True))
+    assert kept["rows"] == 5 and "integrity" not in kept["dropped"]
+    assert kept["integrity_flags"] == manifest["integrity_flags"]  # counted either way
 
 
 def test_chat_records_carry_prompt_turns_then_answer_without_think_tags(store, tmp_path):

@@ -1,0 +1,70 @@
+"""The integrity guard end to end: one of two real simulator engines is switched to
+broken outputs that still report success (token id 0 looping, then EOS; as SGLang
+#36537), mid-fleet, through the engine's own /sim/faults. Every row that replica made
+is flagged in data/, no row of the sound replica is, and the export leaves the flagged
+rows out and counts them in its manifest (with --keep-flagged, keeps them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ray import serve
+
+from jobs import cli
+from tests.integration.helpers import (deploy, read, run, run_config, set_faults, write_prompts,
+                                       write_yaml)
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.integration]
+
+APP = "raygen-integrity"
+ROWS = 120
+
+
+def _replicas() -> dict[str, str]:
+    """replica id -> engine url, until both replicas answered."""
+    handle, seen = serve.get_app_handle(APP), {}
+
+    def both() -> bool:
+        info = handle.info.remote().result()
+        seen[info["replica"]] = info["engine_url"]
+        return len(seen) == 2
+    wait_until(both, 60, "both replicas to answer info()", poll_s=0.1)
+    return seen
+
+
+def test_a_replica_returning_broken_outputs_is_flagged_and_kept_out_of_the_export(
+        ray_cluster, s3_endpoint, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", ROWS)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP,
+                      job={"rows_per_file": 16, "batch_size": 8})
+    deploy(tree)
+    (broken, broken_url), (sound, _) = sorted(_replicas().items())
+    set_faults([broken_url], broken_output="token_loop")
+    try:
+        assert run(tree).status == "succeeded"
+    finally:
+        set_faults([broken_url], broken_output="")
+    data = read(tree, "data")
+    by_replica = data.groupby("replica")
+    assert set(by_replica.groups) == {broken, sound}, "both replicas should have served rows"
+    flags = {r: [list(f) for f in g["integrity_flags"]] for r, g in by_replica}
+    assert all("token_run" in f and "missing_think_end" in f for f in flags[broken])
+    assert all(f == [] for f in flags[sound])
+    n_broken = len(flags[broken])
+
+    out = tmp_path / "export"
+    cfg = write_yaml(tmp_path / "run.yaml", tree)
+    assert cli.main(["export", "--config", str(cfg), "--format", "messages",
+                     "--out", str(out)]) == 0
+    manifest = json.loads((out / "export.manifest").read_text())
+    assert manifest["dropped"]["integrity"] == n_broken
+    assert manifest["integrity_flags"] == {"missing_think_end": n_broken, "token_run": n_broken}
+    exported = [json.loads(line) for f in manifest["files"]
+                for line in (out / f["name"]).read_text().splitlines()]
+    sound_ids = set(data[data.replica == sound]["id"]) & set(
+        data[data.finish_reason == "stop"]["id"])
+    assert {r["id"] for r in exported} == sound_ids
+    print(f"\nintegrity: {n_broken} of {len(data)} rows flagged (replica {broken}), "
+          f"exported {len(exported)}")
