@@ -13,17 +13,27 @@
 # datasource). raygen's dashboard is copied into $RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR
 # (= DIR/grafana-dashboards, set for `ray start` in the yaml), the folder Ray's
 # provisioning points at, so it is listed next to Ray's. Binaries not on PATH are
-# downloaded once (pinned versions below; needs internet on the head).
+# downloaded once (pinned versions below; needs internet on the head), each checked
+# against its recorded sha256 before it is unpacked: a download without a recorded
+# checksum, or with another one, is refused and deleted (Prometheus starts even then).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${RAYGEN_MONITORING_DIR:-$HOME/raygen-monitoring}"
 CMD="start"
 PROMETHEUS_VERSION="2.53.4"  # >= 2.42: raygen's rules use keep_firing_for
+# sha256 of prometheus-2.53.4.linux-amd64.tar.gz as published in the release's
+# sha256sums.txt (the same value two independent public pins record).
+PROMETHEUS_SHA256="b8b497c4610d1b93208252b60c8f20f6b2e78596ae8df43397a2e805aa53d475"
 GRAFANA_VERSION="11.6.1"
+# Not recorded here: it could not be verified from where this was written (no network).
+# Set it where the head starts (cluster/ray-up-b200.yaml) to the value of
+#   https://dl.grafana.com/oss/release/grafana-11.6.1.linux-amd64.tar.gz.sha256
+# read from a machine you trust; until then Grafana is not downloaded.
+GRAFANA_SHA256="${RAYGEN_GRAFANA_SHA256:-}"
 RAY_GRAFANA_INI="/tmp/ray/session_latest/metrics/grafana/grafana.ini"
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -39,16 +49,41 @@ GRAFANA_HOME="$DIR/grafana-v$GRAFANA_VERSION"
 GRAFANA_PID="$DIR/grafana.pid"
 export PATH="$DIR/prometheus-$PROMETHEUS_VERSION.linux-amd64:$PATH"
 
-fetch() {  # url dest-dir: download and unpack a release tarball once
-  mkdir -p "$2"
-  curl -fsSL "$1" | tar -xz -C "$2"
+# url sha256 dest-dir: download a release tarball to a temp file, check it against the
+# recorded sha256, and only then unpack it. Never `curl | tar`: that runs on bytes
+# nobody checked, and a truncated or swapped download would be half-unpacked.
+fetch() {
+  local url="$1" want="$2" dest="$3" tmp got
+  if [[ ! "$want" =~ ^[0-9a-f]{64}$ ]]; then
+    echo "refusing to download $url: no sha256 recorded for it (got '${want}');" \
+         "see the comments at the top of $0" >&2
+    return 1
+  fi
+  mkdir -p "$dest"
+  tmp="$(mktemp "$dest/.download.XXXXXX")"
+  if ! curl -fsSL --retry 3 -o "$tmp" "$url"; then
+    rm -f "$tmp"; echo "download failed: $url" >&2; return 1
+  fi
+  got="$(sha256sum "$tmp" | cut -d' ' -f1)"
+  if [[ "$got" != "$want" ]]; then
+    rm -f "$tmp"
+    echo "checksum mismatch for $url: sha256 $got, recorded $want; nothing unpacked" >&2
+    return 1
+  fi
+  tar -xzf "$tmp" -C "$dest" --no-same-owner
+  rm -f "$tmp"
 }
 
-ensure_binaries() {
+ensure_prometheus() {
   command -v prometheus >/dev/null 2>&1 || fetch \
-    "https://github.com/prometheus/prometheus/releases/download/v$PROMETHEUS_VERSION/prometheus-$PROMETHEUS_VERSION.linux-amd64.tar.gz" "$DIR"
+    "https://github.com/prometheus/prometheus/releases/download/v$PROMETHEUS_VERSION/prometheus-$PROMETHEUS_VERSION.linux-amd64.tar.gz" \
+    "$PROMETHEUS_SHA256" "$DIR"
+}
+
+ensure_grafana() {
   [[ -x "$GRAFANA_HOME/bin/grafana" ]] || fetch \
-    "https://dl.grafana.com/oss/release/grafana-$GRAFANA_VERSION.linux-amd64.tar.gz" "$DIR"
+    "https://dl.grafana.com/oss/release/grafana-$GRAFANA_VERSION.linux-amd64.tar.gz" \
+    "$GRAFANA_SHA256" "$DIR"
 }
 
 grafana_pid() {
@@ -61,8 +96,9 @@ start() {
   [[ -f "$RAY_GRAFANA_INI" ]] || { echo "$RAY_GRAFANA_INI missing: start Ray's head first" >&2; exit 1; }
   mkdir -p "$DIR" "$DASHBOARDS"
   cp "$REPO/dashboards/grafana/raygen.json" "$DASHBOARDS/"
-  ensure_binaries
+  ensure_prometheus
   "$REPO/cluster/local_prometheus.sh" start --dir "$DIR/prometheus" --port 9090
+  ensure_grafana
   if [[ -z "$(grafana_pid)" ]]; then
     GF_SERVER_HTTP_ADDR=127.0.0.1 GF_SERVER_HTTP_PORT=3000 GF_PATHS_DATA="$DIR/grafana-data" \
     GF_PATHS_LOGS="$DIR/grafana-logs" nohup "$GRAFANA_HOME/bin/grafana" server \
@@ -91,4 +127,5 @@ status() {
   if [[ -n "$pid" ]]; then echo "grafana running (pid $pid)"; else echo "grafana not running"; fi
 }
 
-"$CMD"
+# Sourced (tests/contract/cluster/test_supply_chain.py calls fetch): define only.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then "$CMD"; fi
