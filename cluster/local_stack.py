@@ -7,12 +7,20 @@
 Used by `make run` (and reused by the tests' fixtures) so the demo talks to a real
 HTTP S3 endpoint and a real Ray cluster, exactly as it would to AWS and `ray up`.
 Credentials for moto are dummies set in the environment, as for AWS, never in config.
+
+Authenticated like the cluster files: Ray runs with RAY_AUTH_MODE=token and the token in
+~/.ray/auth_token (created 0600 on first `up`); a client without it is refused (401).
+The HTTP listeners (Ray dashboard and Jobs API, moto, Prometheus) bind 127.0.0.1 only.
+Ray 2.60's gRPC ports (GCS, raylet, client server) bind every interface and have no
+flag to narrow them (``--node-ip-address 127.0.0.1`` is turned into this machine's IP);
+they ask for the token too.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Mapping, Optional, Sequence
 
 STATE = Path(os.environ.get("RAYGEN_LOCAL_DIR", Path(__file__).resolve().parent.parent / ".local"))
 S3_HOST = "127.0.0.1"
@@ -83,17 +92,57 @@ def start_prometheus() -> bool:
     return subprocess.run(["bash", str(PROM_SCRIPT), "start"]).returncode == 0
 
 
+def ray_auth_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with Ray's token auth on and a token
+    in place: RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH if set, else Ray's default file
+    ~/.ray/auth_token, created here (256 random bits, mode 0600) when missing. Ray reads
+    that file itself, so clients (drivers, `ray job submit` with RAY_AUTH_MODE=token) of
+    this user find it."""
+    env = dict(os.environ if base is None else base)
+    env["RAY_AUTH_MODE"] = "token"
+    if env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
+        return env
+    path = Path(env.get("HOME") or Path.home()) / ".ray" / "auth_token"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+            path.chmod(0o600)  # Ray's own `get-auth-token --generate` leaves it 0644
+    else:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+    return env
+
+
+def head_args(temp_dir: str = RAY_TEMP, dashboard_port: int = 8265,
+              extra: Sequence[str] = ()) -> list[str]:
+    """`ray start` flags of the local head: the dashboard and its Jobs API, which runs any
+    code it is sent, on loopback only."""
+    return ["--head", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+            "--include-dashboard", "true", "--disable-usage-stats", "--temp-dir", temp_dir,
+            *extra]
+
+
+def start_head(temp_dir: str = RAY_TEMP, dashboard_port: int = 8265,
+               extra: Sequence[str] = (), env: Optional[Mapping[str, str]] = None) -> None:
+    """Start the head (authenticated, see the module doc); raises when `ray start` fails."""
+    subprocess.run([RAY_BIN, "start", *head_args(temp_dir, dashboard_port, extra)],
+                   check=True, env=ray_auth_env(env), timeout=300)
+
+
 def start_ray() -> None:
-    if subprocess.run([RAY_BIN, "status"], capture_output=True).returncode == 0:
+    # Drivers this process starts later (gpu_smoke) send the token too.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if subprocess.run([RAY_BIN, "status"], capture_output=True,
+                      env=ray_auth_env()).returncode == 0:
         return
     # The dashboard's Metrics tab reads from this Prometheus (started next).
     os.environ.setdefault("RAY_PROMETHEUS_HOST", PROM_URL)
     if port_open("127.0.0.1", 8265):
         raise RuntimeError("port 8265 (Ray dashboard) is taken but `ray status` finds no "
                            "cluster: another Ray instance runs here; stop it (`ray stop`) first")
-    subprocess.run([RAY_BIN, "start", "--head", "--dashboard-host", "127.0.0.1",
-                    "--include-dashboard", "true", "--disable-usage-stats",
-                    "--temp-dir", RAY_TEMP], check=True)
+    start_head()
     session = Path(RAY_TEMP, "session_latest").resolve().name
     STATE.mkdir(parents=True, exist_ok=True)
     RAY_SESSION_FILE.write_text(session)
@@ -203,7 +252,8 @@ def main(argv: list[str]) -> int:
         if start_prometheus():
             print(f"Prometheus: {PROM_URL} (raygen alert rules loaded)")
         print(f"local S3: http://{S3_HOST}:{S3_PORT} (bucket {DEMO_BUCKET}); "
-              f"Ray dashboard: http://127.0.0.1:8265")
+              f"Ray dashboard: http://127.0.0.1:8265 (token auth: `export "
+              f"RAY_AUTH_MODE=token` before `ray job submit`; the token is ~/.ray/auth_token)")
     elif args.action == "down":
         stop_all()
     else:
