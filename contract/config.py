@@ -192,6 +192,12 @@ class _EngineBase(StrictModel):
     request_timeout_s: float = Field(
         3600.0, gt=0, description="HTTP timeout of one /generate call (an 8K-token thinking "
         "completion under load can take many minutes).")
+    drain_flagged_fraction: Optional[float] = Field(
+        0.5, gt=0, le=1, description="A replica whose last drain_window_rows outputs are "
+        "flagged (contract/integrity.py) in more than this share drains itself: Serve restarts "
+        "its engine and its rows go to the other replicas. None = never.")
+    drain_window_rows: int = Field(
+        64, ge=1, description="How many of a replica's latest outputs the drain judges.")
 
     @property
     def reserved_tokens(self) -> int:

@@ -32,6 +32,7 @@ from serve_apps.engine_client import EngineClient, effective_running_cap
 from serve_apps.engine_process import start_engine
 from serve_apps.engines import launch_command, launch_env
 from serve_apps.generation import Generator
+from serve_apps.output_watch import OutputWatch
 from serve_apps.replica_metrics import ReplicaMetrics
 
 logger = logging.getLogger("ray.serve")
@@ -85,6 +86,9 @@ class ProcessBackend:
         self.process.stop()
 
 
+DRAIN_HOLD_S = 30.0
+
+
 class EngineReplica:
     def __init__(self, cfg: EngineConfig, *, backend: BackendFactory = ProcessBackend):
         self.cfg = cfg
@@ -99,6 +103,7 @@ class EngineReplica:
                                    engine_alive=self.engine.is_alive, render=render,
                                    reserved_tokens=self.cfg.reserved_tokens)
         self.metrics = ReplicaMetrics(self.cfg.model_name)
+        self.watch = OutputWatch(cfg.drain_flagged_fraction, cfg.drain_window_rows)
         self._inflight = 0
         self._last_result_at: Optional[float] = None  # wall time of the last finished row
         self._relay_task: asyncio.Task | None = None
@@ -139,6 +144,12 @@ class EngineReplica:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self._ensure_relay()
+        if self.watch.drained:
+            # Held, not refused at once: a replica that fails fast looks idle to Serve's
+            # router and would draw every retry until it is replaced. Held rows end when
+            # Serve stops it (or after DRAIN_HOLD_S) and are retried on the others.
+            await asyncio.sleep(DRAIN_HOLD_S)
+            raise EngineDead(self.watch.drained)
         self._inflight += 1  # exported by the relay loop: Ray ships gauges every few s anyway
         try:
             result = await self.generator.generate(request)
@@ -150,6 +161,7 @@ class EngineReplica:
                                            f"{type(exc).__name__}: {exc}", self.replica_id)
         else:
             self.metrics.record(request, result)
+            self.watch.observe(result)
         finally:
             self._inflight -= 1
             self._last_result_at = time.time()
@@ -169,6 +181,8 @@ class EngineReplica:
                 task.cancel()
 
     async def check_health(self) -> None:
+        if self.watch.drained:
+            raise EngineDead(self.watch.drained)
         if not self.engine.is_alive():
             raise EngineDead(self.engine.exit_report())
         if not await self.client.healthy():

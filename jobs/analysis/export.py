@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 from contract.thinking import THINK_END, THINK_START
 from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
 from jobs.io.run_index import read_latest
-from jobs.pipeline.integrity import integrity_flags
+from contract.integrity import integrity_flags
 from jobs.io.run_store import RunStore
 from jobs.io.storage import Location, list_files, locate, write_bytes_atomic, write_json_atomic
 

@@ -37,7 +37,7 @@ DATA = pa.schema([
     ("settings_hash", pa.string()),      # hash of every setting that changes an output
     ("created_at", TIMESTAMP),
     ("prompt_hash", pa.string()),        # hash of the canonical prompt (edits under an id)
-    ("integrity_flags", pa.list_(pa.string())),  # jobs/pipeline/integrity.py; [] = sound
+    ("integrity_flags", pa.list_(pa.string())),  # contract/integrity.py; [] = sound
 ])
 
 FAILURES = pa.schema([

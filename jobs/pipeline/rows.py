@@ -11,24 +11,15 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
+from contract.integrity import integrity_flags, repetition_ratio
 from contract.outcomes import route
 from contract.protocol import RESULT_COLUMNS, GenerateResult
 from jobs.io.schema import STAGE_OUTPUT
-from jobs.pipeline.integrity import integrity_flags
 from jobs.pipeline.settings import StageSettings
 
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def repetition_ratio(ids: list[int], n: int = 4) -> float:
-    """Share of n-grams in the output that repeat an earlier one (0 = none, ~1 = loop)."""
-    total = len(ids) - n + 1
-    if total <= 0:
-        return 0.0
-    # zip over n shifted views: no per-window slice, ~3x less CPU than tuple(ids[i:i+n])
-    return 1.0 - len(set(zip(*(ids[i:] for i in range(n))))) / total
 
 
 def _generated(result: GenerateResult) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The integrity guard end to end: one of two real simulator engines is switched to
 broken outputs that still report success (token id 0 looping, then EOS; as SGLang
-#36537), mid-fleet, through the engine's own /sim/faults. Every row that replica made
-is flagged in data/, no row of the sound replica is, and the export leaves the flagged
-rows out and counts them in its manifest (with --keep-flagged, keeps them)."""
+#36537) through the engine's own /sim/faults. Every row that replica made is flagged in
+data/, no row of the sound replica is; the broken replica drains itself after its
+window (engine.drain_window_rows) and Serve replaces it with a sound one; the run
+completes; the export leaves the flagged rows out and counts them in its manifest."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.integration]
 
 APP = "raygen-integrity"
-ROWS = 120
+ROWS = 240
+WINDOW = 16
 
 
 def _replicas() -> dict[str, str]:
@@ -38,21 +40,26 @@ def test_a_replica_returning_broken_outputs_is_flagged_and_kept_out_of_the_expor
         ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP,
+                      engine={"drain_window_rows": WINDOW},
+                      serve={"graceful_shutdown_timeout_s": 2},  # held rows go at once
                       job={"rows_per_file": 16, "batch_size": 8})
     deploy(tree)
     (broken, broken_url), (sound, _) = sorted(_replicas().items())
     set_faults([broken_url], broken_output="token_loop")
-    try:
-        assert run(tree).status == "succeeded"
-    finally:
+    assert run(tree).status == "succeeded"
+    with pytest.raises(OSError):  # drained and replaced: that engine is gone
         set_faults([broken_url], broken_output="")
     data = read(tree, "data")
     by_replica = data.groupby("replica")
-    assert set(by_replica.groups) == {broken, sound}, "both replicas should have served rows"
     flags = {r: [list(f) for f in g["integrity_flags"]] for r, g in by_replica}
     assert all("token_run" in f and "missing_think_end" in f for f in flags[broken])
-    assert all(f == [] for f in flags[sound])
+    others = set(flags) - {broken}
+    assert sound in others and len(others) == 2, f"no replacement replica served rows: {others}"
+    assert all(f == [] for r in others for f in flags[r])
     n_broken = len(flags[broken])
+    # It stopped taking rows once its window was full; only those already inside its
+    # engine came back after that.
+    assert WINDOW <= n_broken <= WINDOW + 32, n_broken
 
     out = tmp_path / "export"
     cfg = write_yaml(tmp_path / "run.yaml", tree)
@@ -63,8 +70,8 @@ def test_a_replica_returning_broken_outputs_is_flagged_and_kept_out_of_the_expor
     assert manifest["integrity_flags"] == {"missing_think_end": n_broken, "token_run": n_broken}
     exported = [json.loads(line) for f in manifest["files"]
                 for line in (out / f["name"]).read_text().splitlines()]
-    sound_ids = set(data[data.replica == sound]["id"]) & set(
+    sound_ids = set(data[data.replica != broken]["id"]) & set(
         data[data.finish_reason == "stop"]["id"])
     assert {r["id"] for r in exported} == sound_ids
-    print(f"\nintegrity: {n_broken} of {len(data)} rows flagged (replica {broken}), "
-          f"exported {len(exported)}")
+    print(f"\nintegrity: {n_broken} of {len(data)} rows flagged (replica {broken}, drained "
+          f"and replaced), exported {len(exported)}")

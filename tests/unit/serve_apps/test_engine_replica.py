@@ -160,3 +160,44 @@ def test_deleting_the_replica_stops_its_engine():
     replica, backend = _replica()
     replica.__del__()
     assert backend.stopped == 1
+
+
+def _draining_replica(**drain) -> EngineReplica:
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=4096, drain_window_rows=4,
+                                **drain)
+    return EngineReplica(cfg, backend=FakeBackend)
+
+
+def test_a_replica_whose_outputs_are_mostly_broken_drains_itself(monkeypatch):
+    replica = _draining_replica(drain_flagged_fraction=0.5)
+    replica.client.answer = "thinking forever"  # stop without </think>: missing_think_end
+    for i in range(3):
+        asyncio.run(replica.generate(_request(f"k{i}")))
+    asyncio.run(replica.check_health())  # 3 results: the window is not full yet
+    asyncio.run(replica.generate(_request("k3")))
+    with pytest.raises(EngineDead, match=r"drained: 4 of its last 4 outputs were flagged "
+                                         r"\(missing_think_end 4;"):
+        asyncio.run(replica.check_health())  # Serve replaces the replica and its engine
+    import serve_apps.engine_deployment as deployment
+    monkeypatch.setattr(deployment, "DRAIN_HOLD_S", 0.01)  # held until Serve stops it
+    with pytest.raises(EngineDead, match="drained"):
+        asyncio.run(replica.generate(_request("k4")))  # the job retries it elsewhere
+
+
+def test_sound_outputs_or_a_drain_turned_off_never_drain():
+    sound = _draining_replica(drain_flagged_fraction=0.5)
+    off = _draining_replica(drain_flagged_fraction=None)
+    off.client.answer = "thinking forever"
+    for replica in (sound, off):
+        for i in range(10):
+            asyncio.run(replica.generate(_request(f"k{i}")))
+        asyncio.run(replica.check_health())
+    assert sound.watch.drained is None and off.watch.drained is None
+
+
+def test_a_minority_of_flagged_outputs_does_not_drain():
+    replica = _draining_replica(drain_flagged_fraction=0.5)
+    for i, answer in enumerate(["thinking forever", "ok</think>fine"] * 4):
+        replica.client.answer = answer
+        asyncio.run(replica.generate(_request(f"k{i}")))
+    assert replica.watch.drained is None  # 2 of every 4: not more than half

@@ -1,11 +1,11 @@
-"""Integrity flags (jobs/pipeline/integrity.py): each breakage named, a sound row clean."""
+"""Integrity flags (contract/integrity.py): each breakage named, a sound row clean."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobs.pipeline.integrity import LOOP_MIN_TOKENS, TOKEN_RUN, integrity_flags, longest_run
-from jobs.pipeline.rows import repetition_ratio
+from contract.integrity import (LOOP_MIN_TOKENS, TOKEN_RUN, integrity_flags, longest_run,
+                                repetition_ratio)
 
 
 def _row(**over):

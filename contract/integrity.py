@@ -5,7 +5,9 @@ Engines have returned empty outputs and token-id loops that still finish as succ
 drafter trained on them learns the breakage. Each data row gets the list of flags its
 output raises (``integrity_flags``; empty = sound), computed when it is written, over
 the whole output (a continued row: all its versions' tokens). Export leaves flagged rows
-out unless asked (jobs/analysis/export.py) and counts them in its manifest.
+out unless asked (jobs/analysis/export.py) and counts them in its manifest; a replica
+whose recent outputs are mostly flagged drains itself (serve_apps/output_watch.py).
+Here, in contract/, because both sides judge outputs with the same function.
 
 The flags (each a row-local test, no state across rows):
 
@@ -20,12 +22,21 @@ The flags (each a row-local test, no state across rows):
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 TOKEN_RUN = 64
 LOOP_MIN_TOKENS = 256
 LOOP_RATIO = 0.9
 FLAGS = ("empty_answer", "missing_think_end", "token_run", "ngram_loop", "replacement_char")
+
+
+def repetition_ratio(ids: Sequence[int], n: int = 4) -> float:
+    """Share of n-grams in the output that repeat an earlier one (0 = none, ~1 = loop)."""
+    total = len(ids) - n + 1
+    if total <= 0:
+        return 0.0
+    # zip over n shifted views: no per-window slice, ~3x less CPU than tuple(ids[i:i+n])
+    return 1.0 - len(set(zip(*(ids[i:] for i in range(n))))) / total
 
 
 def longest_run(ids: Optional[list[int]]) -> int:
