@@ -38,6 +38,11 @@ TPS_LONG = record_name("output_tokens_per_second", "rate", t.THROUGHPUT_LONG_WIN
 FAIL = record_name("failure_ratio", "rate", t.FAILURE_WINDOW)
 ACCEPT_SHORT = record_name("accept_length", "rate", t.ACCEPT_LENGTH_SHORT_WINDOW)
 ACCEPT_LONG = record_name("accept_length", "rate", t.ACCEPT_LENGTH_LONG_WINDOW)
+# Per replica: the sums the per-replica alerts compare with the rest of the fleet.
+CHECKED_PER_REPLICA = record_name("rows_checked_per_replica", "rate", t.REPLICA_FLAGGED_WINDOW)
+FLAGS_PER_REPLICA = record_name("flags_per_replica", "rate", t.REPLICA_FLAGGED_WINDOW)
+SPEC_TOKENS_PER_REPLICA = record_name("spec_output_tokens_per_replica", "rate", t.REPLICA_ACCEPT_LENGTH_WINDOW)
+SPEC_STEPS_PER_REPLICA = record_name("spec_verify_steps_per_replica", "rate", t.REPLICA_ACCEPT_LENGTH_WINDOW)
 
 RECORDING_RULES: Dict[str, str] = {
     TPS_SHORT: s.output_tps(t.THROUGHPUT_SHORT_WINDOW),
@@ -45,6 +50,12 @@ RECORDING_RULES: Dict[str, str] = {
     FAIL: s.failure_ratio(t.FAILURE_WINDOW),
     ACCEPT_SHORT: s.accept_length(t.ACCEPT_LENGTH_SHORT_WINDOW),
     ACCEPT_LONG: s.accept_length(t.ACCEPT_LENGTH_LONG_WINDOW),
+    CHECKED_PER_REPLICA: s.rows_checked(t.REPLICA_FLAGGED_WINDOW, s.ENGINE_REPLICA),
+    FLAGS_PER_REPLICA: s.flags(t.REPLICA_FLAGGED_WINDOW, s.ENGINE_REPLICA),
+    SPEC_TOKENS_PER_REPLICA: q.sum_rate(mc.SPEC_OUTPUT_TOKENS.prom_name, t.REPLICA_ACCEPT_LENGTH_WINDOW,
+                                        s.SERVE_REPLICA),
+    SPEC_STEPS_PER_REPLICA: q.sum_rate(mc.SPEC_VERIFY_STEPS.prom_name, t.REPLICA_ACCEPT_LENGTH_WINDOW,
+                                       s.SERVE_REPLICA),
 }
 
 # How $value is shown: (Prometheus template, Grafana template).  Grafana's
@@ -108,6 +119,26 @@ _FINISHED_ALL_ROWS = (
     f"({s.rows_finished(over=t.DRIVER_GONE_LOOKBACK)} >= "
     f"{q.max_by(RUN_MODEL, f'last_over_time({mc.JOB_INPUT_ROWS.prom_name}[{t.DRIVER_GONE_LOOKBACK}])')})"
 )
+
+# RaygenReplicaOutputsFlagged: the replica's flags per checked row (only with enough rows
+# checked), above max(floor, multiple x the rest of its fleet's rate). The rest of the
+# fleet, not the whole fleet: with two replicas, one broken, the whole fleet's rate is
+# half the broken one's and a 3x bar could never be crossed. No rest of fleet (a lone
+# replica, or the others checked nothing) = 0, so the floor alone applies.
+_REPLICA_FLAGGED = q.ratio_if_at_least(
+    FLAGS_PER_REPLICA, CHECKED_PER_REPLICA, q.per_window(t.REPLICA_FLAGGED_MIN_ROWS, t.REPLICA_FLAGGED_WINDOW))
+_REST_OF_FLEET_FLAGGED = q.or_zero(
+    q.ratio_if_positive(q.rest_of(s.FLEET, FLAGS_PER_REPLICA), q.rest_of(s.FLEET, CHECKED_PER_REPLICA)),
+    CHECKED_PER_REPLICA)
+_FLAGGED_BAR = (f"clamp_min({t.REPLICA_FLAGGED_FLEET_MULTIPLE:g} * {_REST_OF_FLEET_FLAGGED}, "
+                f"{t.REPLICA_FLAGGED_RATIO_MIN:g})")
+# RaygenReplicaAcceptLengthLow: the replica's accept length / the rest of its fleet's,
+# both from counters (sum(tokens) / sum(steps)) and both with enough verify steps.
+_ENOUGH_STEPS = q.per_window(t.REPLICA_ACCEPT_LENGTH_MIN_STEPS, t.REPLICA_ACCEPT_LENGTH_WINDOW)
+_REPLICA_ACCEPT_LENGTH = q.ratio_if_at_least(SPEC_TOKENS_PER_REPLICA, SPEC_STEPS_PER_REPLICA, _ENOUGH_STEPS)
+_REST_OF_FLEET_ACCEPT_LENGTH = q.ratio_if_at_least(
+    q.rest_of(s.FLEET, SPEC_TOKENS_PER_REPLICA), q.rest_of(s.FLEET, SPEC_STEPS_PER_REPLICA), _ENOUGH_STEPS)
+_REPLICA_VS_REST_ACCEPT_LENGTH = f"({_REPLICA_ACCEPT_LENGTH} / {_REST_OF_FLEET_ACCEPT_LENGTH})"
 
 ALERTS: List[Alert] = [
     Alert(
@@ -180,6 +211,29 @@ ALERTS: List[Alert] = [
                     f"is <VALUE> of its {t.ACCEPT_LENGTH_LONG_WINDOW} average "
                     f"(threshold {t.ACCEPT_LENGTH_DROP_RATIO:.0%}).",
         value_format="percent", panel_key="accept_length",
+    ),
+    Alert(
+        name="RaygenReplicaAcceptLengthLow",
+        query=_REPLICA_VS_REST_ACCEPT_LENGTH,
+        op="<", threshold=t.REPLICA_ACCEPT_LENGTH_RATIO, for_=t.REPLICA_ACCEPT_LENGTH_FOR, severity="warning",
+        summary="raygen run {{ $labels.run }}: replica {{ $labels.replica }} accepts fewer draft tokens "
+                "than the rest of its fleet",
+        description=f"Accept length of replica {{{{ $labels.replica }}}} (model {{{{ $labels.model }}}}) over the "
+                    f"last {t.REPLICA_ACCEPT_LENGTH_WINDOW} is <VALUE> of the other replicas' of the run "
+                    f"(threshold {t.REPLICA_ACCEPT_LENGTH_RATIO:.0%}; at least "
+                    f"{t.REPLICA_ACCEPT_LENGTH_MIN_STEPS} verify steps on each side).",
+        value_format="percent", panel_key="replica_accept_length",
+    ),
+    Alert(
+        name="RaygenReplicaOutputsFlagged",
+        query=f"({_REPLICA_FLAGGED} > {_FLAGGED_BAR})",
+        op=">", threshold=0, for_=t.REPLICA_FLAGGED_FOR, severity="critical",
+        summary="raygen run {{ $labels.run }}: replica {{ $labels.engine_replica }} writes broken outputs",
+        description=f"Rows replica {{{{ $labels.engine_replica }}}} (model {{{{ $labels.model }}}}) produced over "
+                    f"the last {t.REPLICA_FLAGGED_WINDOW} carry <VALUE> integrity flags per row, above the larger "
+                    f"of {t.REPLICA_FLAGGED_RATIO_MIN:.0%} and {t.REPLICA_FLAGGED_FLEET_MULTIPLE:g}x the other "
+                    f"replicas' rate (at least {t.REPLICA_FLAGGED_MIN_ROWS} rows checked).",
+        value_format="percent", panel_key="replica_flagged",
     ),
     Alert(
         name="RaygenJobDriverGone",

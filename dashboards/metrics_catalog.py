@@ -85,6 +85,14 @@ FAILURES = Metric("raygen_failures", COUNTER, ("model", "run", "error_class"),
 RETRIES = Metric("raygen_retries", COUNTER, ("model", "run", "error_class"), "Request retries, by error class.", JOB)
 REJECTS = Metric("raygen_rejects", COUNTER, ("model", "run", "reason"),
                  "Rows rejected before generation (validation), by reason.", JOB)
+ROWS_CHECKED = Metric(
+    "raygen_rows_checked", COUNTER, ("model", "run", "engine_replica"),
+    "Data rows the integrity guard checked, by the replica that produced them (the flagged "
+    "rate's denominator).", JOB)
+ROWS_FLAGGED = Metric(
+    "raygen_rows_flagged", COUNTER, ("model", "run", "engine_replica", "flag"),
+    "Data rows written with an integrity flag (contract/integrity.py), by producing "
+    "replica and flag; a row with two flags counts under each.", JOB)
 JOB_INPUT_ROWS = Metric("raygen_job_input_rows", GAUGE, _MR, "Rows in the input of the run.", JOB)
 JOB_ROWS_DONE = Metric("raygen_job_rows_done", GAUGE, _MR, "Rows durably written with a completion.", JOB)
 JOB_ROWS_FAILED = Metric("raygen_job_rows_failed", GAUGE, _MR, "Rows durably written as failed.", JOB)

@@ -73,6 +73,20 @@ def ratio_if_positive(num: str, den: str) -> str:
     return f"({num} / ({den} > 0))"
 
 
+def ratio_if_at_least(num: str, den: str, minimum: str) -> str:
+    """num/den, no sample where den < ``minimum`` (too little traffic to judge)."""
+    return f"({num} / ({den} >= {minimum}))"
+
+
+def rest_of(group: Sequence[str], expr: str) -> str:
+    """Per series of ``expr``: the sum over its ``group`` minus its own value (the rest
+    of its fleet). ``expr`` must already be aggregated to ``group`` + one member label.
+    ``group_right()`` with its empty list: a bare ``group_right`` followed by ``(`` (an
+    inlined recording rule) would read the parenthesis as its label list."""
+    on = ", ".join(group)
+    return f"({sum_by(group, expr)} - on ({on}) group_right() {expr})"
+
+
 def or_zero(expr: str, like: str) -> str:
     """``expr``, with 0 for every label set present in ``like`` but missing in ``expr``.
 
@@ -96,6 +110,22 @@ def and_on(labels: Sequence[str], lhs: str, rhs: str) -> str:
 
 def unless_on(labels: Sequence[str], lhs: str, rhs: str) -> str:
     return f"({lhs} unless on ({', '.join(labels)}) {rhs})"
+
+
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(window: str) -> int:
+    """A single-unit Prometheus duration (``"15m"``) in seconds."""
+    number, unit = window[:-1], window[-1:]
+    if unit not in _UNIT_SECONDS or not number.isdigit():
+        raise ValueError(f"not a single-unit duration: {window!r}")
+    return int(number) * _UNIT_SECONDS[unit]
+
+
+def per_window(count: float, window: str) -> str:
+    """``count`` events per ``window`` as a per-second rate, written so a reader sees both."""
+    return f"({count:g} / {seconds(window)})"
 
 
 def compare(expr: str, op: str, threshold: float) -> str:

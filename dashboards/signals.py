@@ -12,6 +12,12 @@ from dashboards import metrics_catalog as mc
 from dashboards import promql as q
 
 RUN_MODEL = ("run", "model")
+# A fleet: the replicas serving one model for one run. Replica-side series name their
+# replica with Serve's ``replica`` label; the job's integrity counters name the replica
+# that produced a row ``engine_replica`` (same value).
+FLEET = ("model", "run")
+SERVE_REPLICA = FLEET + ("replica",)
+ENGINE_REPLICA = FLEET + ("engine_replica",)
 
 
 def output_tps(window: str, by: Sequence[str] = RUN_MODEL, matchers: Iterable[str] = ()) -> str:
@@ -50,6 +56,25 @@ def accept_length(window: str, by: Sequence[str] = RUN_MODEL, matchers: Iterable
         q.sum_rate(mc.SPEC_OUTPUT_TOKENS.prom_name, window, by, matchers),
         q.sum_rate(mc.SPEC_VERIFY_STEPS.prom_name, window, by, matchers),
     )
+
+
+def rows_checked(window: str, by: Sequence[str] = ENGINE_REPLICA, matchers: Iterable[str] = ()) -> str:
+    """Rows per second the integrity guard checked."""
+    return q.sum_rate(mc.ROWS_CHECKED.prom_name, window, by, matchers)
+
+
+def flags(window: str, by: Sequence[str] = ENGINE_REPLICA, matchers: Iterable[str] = ()) -> str:
+    """Integrity flags per second (a row with two flags counts twice), 0 where rows were
+    checked but none flagged (the flagged series only exists after the first flag)."""
+    matchers = tuple(matchers)
+    return q.or_zero(q.sum_rate(mc.ROWS_FLAGGED.prom_name, window, by, matchers),
+                     rows_checked(window, by, matchers))
+
+
+def flagged_rate(window: str, by: Sequence[str] = ENGINE_REPLICA, matchers: Iterable[str] = ()) -> str:
+    """Flags per checked row over ``window``; no sample where nothing was checked."""
+    matchers = tuple(matchers)
+    return q.ratio_if_positive(flags(window, by, matchers), rows_checked(window, by, matchers))
 
 
 def job_running(by: Sequence[str] = RUN_MODEL, matchers: Iterable[str] = ()) -> str:

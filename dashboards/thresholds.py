@@ -47,6 +47,26 @@ ACCEPT_LENGTH_SHORT_WINDOW = "30m"
 ACCEPT_LENGTH_LONG_WINDOW = "6h"
 ACCEPT_LENGTH_FOR = "15m"
 
+# RaygenReplicaAcceptLengthLow: one replica's accept length vs the rest of its fleet
+# (same model and run) over the same window, e.g. its draft model or speculative config
+# did not load after a restart. Both sides need this many verify steps in the window, so
+# a replica that served a few hard prompts does not page.
+REPLICA_ACCEPT_LENGTH_RATIO = 0.7
+REPLICA_ACCEPT_LENGTH_WINDOW = ACCEPT_LENGTH_SHORT_WINDOW
+REPLICA_ACCEPT_LENGTH_MIN_STEPS = 10_000
+REPLICA_ACCEPT_LENGTH_FOR = "15m"
+
+# RaygenReplicaOutputsFlagged: one replica's flagged rate (integrity flags per row it
+# produced, contract/integrity.py) over the window, above the larger of an absolute
+# floor and a multiple of the rest of its fleet's rate (same model and run). A lone
+# replica (no rest of fleet) is held to the floor alone. At least MIN_ROWS of the
+# replica's rows checked in the window, so 2 flagged rows out of 3 do not page.
+REPLICA_FLAGGED_WINDOW = "15m"
+REPLICA_FLAGGED_RATIO_MIN = 0.05
+REPLICA_FLAGGED_FLEET_MULTIPLE = 3
+REPLICA_FLAGGED_MIN_ROWS = 50
+REPLICA_FLAGGED_FOR = "5m"
+
 # RaygenJobDriverGone: the driver's gauges vanished while it last reported running.
 # Ray drops a gauge ~2 report intervals after its process dies, so a crashed
 # driver is otherwise invisible to every "while the job runs" alert above.

@@ -128,3 +128,26 @@ def test_every_alert_links_to_a_panel():
     _, keys = panels.build()
     for a in alerts.ALERTS:
         assert a.panel_key in keys, f"{a.name}: no panel with key {a.panel_key!r}"
+
+
+def test_integrity_panels_show_each_replica_against_its_fleet(dash):
+    _, keys = panels.build()
+    by_id = {p["id"]: p for p in dash["panels"]}
+    flagged = by_id[keys["replica_flagged"]]
+    exprs = [t["expr"] for t in flagged["targets"]]
+    window = f"[{thresholds.REPLICA_FLAGGED_WINDOW}]"
+    # Per replica (the job's engine_replica label), then the fleet's rate and its multiple.
+    assert "by (model, run, engine_replica)" in exprs[0]
+    assert all(window in e and mc.ROWS_CHECKED.prom_name in e and mc.ROWS_FLAGGED.prom_name in e for e in exprs)
+    assert "engine_replica" not in exprs[1] and exprs[2].startswith(f"{thresholds.REPLICA_FLAGGED_FLEET_MULTIPLE:g} * ")
+    steps = flagged["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1] == {"color": "red", "value": thresholds.REPLICA_FLAGGED_RATIO_MIN}
+    assert flagged["fieldConfig"]["defaults"]["unit"] == "percentunit"
+
+    kinds = next(p for p in _panels(dash) if p["title"] == "Flags by kind")
+    assert "sum by (flag)" in kinds["targets"][0]["expr"] and mc.ROWS_FLAGGED.prom_name in kinds["targets"][0]["expr"]
+
+    accept = by_id[keys["replica_accept_length"]]
+    exprs = [t["expr"] for t in accept["targets"]]
+    assert "by (model, run, replica)" in exprs[0] and mc.SPEC_VERIFY_STEPS.prom_name in exprs[0]
+    assert exprs[1].startswith(f"{thresholds.REPLICA_ACCEPT_LENGTH_RATIO:g} * ") and "replica" not in exprs[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 
 from dashboards import alerts, build, thresholds
 from dashboards import metrics_catalog as mc
@@ -86,3 +87,48 @@ def test_throughput_drop_and_replicas_below_expected_are_warnings():
     replicas = rules["RaygenReplicasBelowExpected"]
     assert replicas["labels"]["severity"] == "warning"
     assert mc.JOB_EXPECTED_REPLICAS.prom_name in replicas["expr"] and mc.ENGINE_UP.prom_name in replicas["expr"]
+
+
+def test_per_replica_alerts_compare_each_replica_with_the_rest_of_its_fleet():
+    """Both group by the replica the metric names (the job's engine_replica, Serve's replica)
+    within a fleet of one model and run, subtract the replica from its fleet's sum (the
+    rest, group_right), and take their thresholds and volume gates from thresholds.py."""
+    t = thresholds
+    rules = {r.get("alert") or r.get("record"): r for r in all_rules()}
+    records = {name: rules[name]["expr"] for name in (
+        alerts.CHECKED_PER_REPLICA, alerts.FLAGS_PER_REPLICA,
+        alerts.SPEC_TOKENS_PER_REPLICA, alerts.SPEC_STEPS_PER_REPLICA)}
+    for name in (alerts.CHECKED_PER_REPLICA, alerts.FLAGS_PER_REPLICA):
+        assert "by (model, run, engine_replica)" in records[name]
+        assert f"[{t.REPLICA_FLAGGED_WINDOW}]" in records[name]
+    assert mc.ROWS_FLAGGED.prom_name in records[alerts.FLAGS_PER_REPLICA]
+    for name in (alerts.SPEC_TOKENS_PER_REPLICA, alerts.SPEC_STEPS_PER_REPLICA):
+        assert "by (model, run, replica)" in records[name]
+        assert f"[{t.REPLICA_ACCEPT_LENGTH_WINDOW}]" in records[name]
+
+    flagged = rules["RaygenReplicaOutputsFlagged"]
+    flags = alerts.FLAGS_PER_REPLICA
+    rest = f"sum by (model, run) ({flags}) - on (model, run) group_right() {flags}"
+    assert rest in flagged["expr"]
+    assert (f"clamp_min({t.REPLICA_FLAGGED_FLEET_MULTIPLE:g} * " in flagged["expr"]
+            and f", {t.REPLICA_FLAGGED_RATIO_MIN:g})" in flagged["expr"])
+    seconds = {"15m": 900, "30m": 1800}
+    assert f">= ({t.REPLICA_FLAGGED_MIN_ROWS} / {seconds[t.REPLICA_FLAGGED_WINDOW]})" in flagged["expr"]
+    assert flagged["labels"]["severity"] == "critical" and flagged["for"] == t.REPLICA_FLAGGED_FOR
+
+    accept = rules["RaygenReplicaAcceptLengthLow"]
+    gate = f">= ({t.REPLICA_ACCEPT_LENGTH_MIN_STEPS} / {seconds[t.REPLICA_ACCEPT_LENGTH_WINDOW]})"
+    assert accept["expr"].count(gate) == 2, "both the replica and the rest of its fleet need the volume"
+    assert f"group_right() {alerts.SPEC_STEPS_PER_REPLICA}" in accept["expr"]
+    assert accept["expr"].endswith(f"< {t.REPLICA_ACCEPT_LENGTH_RATIO:g}")
+    assert accept["labels"]["severity"] == "warning" and accept["for"] == t.REPLICA_ACCEPT_LENGTH_FOR
+
+
+def test_durations_convert_to_seconds_for_the_volume_gates():
+    from dashboards import promql as q
+
+    assert [q.seconds(w) for w in ("45s", "15m", "6h", "1d")] == [45, 900, 21600, 86400]
+    assert q.per_window(50, "15m") == "(50 / 900)"
+    for bad in ("1h30m", "15", "m", "1.5h"):
+        with pytest.raises(ValueError, match="single-unit duration"):
+            q.seconds(bad)
