@@ -25,6 +25,7 @@ from ray import serve
 from contract.outcomes import ENGINE, ROW, route
 from contract.protocol import GenerateRequest
 from jobs.pipeline.category_cap import CategoryCap
+from jobs.pipeline.integrity_metrics import IntegrityCounters
 from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
                                  error_text, is_replica_bug, replica_error_class)
 from jobs.pipeline.row_sender import RowSender
@@ -41,6 +42,7 @@ class GenerateRows:
         self.retries = stage.retries
         self.breaker = Breaker(**stage.breaker.model_dump())
         self.category_label = CategoryCap(stage.metrics_category_limit)
+        self.integrity = IntegrityCounters(stage.run, stage.model)
 
     def _request(self, row: dict[str, Any]) -> GenerateRequest:
         stage = self.stage
@@ -83,6 +85,7 @@ class GenerateRows:
                     out = continued_row(row, result, self.stage, attempt)
                 else:
                     out = data_row(row, result, self.stage, attempt)
+                self.integrity.record(result.replica, out["integrity_flags"])
                 return dict(out, retry_classes=retried)
             if retryable and attempt < self.retries.max_attempts:
                 retried.append(error_class)

@@ -47,6 +47,16 @@ class FakeReplica:
             yield result
 
 
+class RecordedIntegrity:
+    """IntegrityCounters' interface, keeping what it was told."""
+
+    def __init__(self):
+        self.records = []
+
+    def record(self, replica, flags):
+        self.records.append((replica, list(flags)))
+
+
 def _stage(mode: RunMode = RunMode()) -> StageSettings:
     return StageSettings.of(parse_config(TREE), mode)
 
@@ -54,6 +64,7 @@ def _stage(mode: RunMode = RunMode()) -> StageSettings:
 def _rows(handle, stage: StageSettings, window: int = 10, min_rows: int = 10) -> GenerateRows:
     rows = GenerateRows.__new__(GenerateRows)  # its __init__ looks up a real Serve handle
     rows.stage, rows.retries, rows.category_label = stage, stage.retries, str
+    rows.integrity = RecordedIntegrity()
     rows.sender = RowSender(handle, inflight_rows=4, rows_per_call=4, linger_s=0.01)
     rows.breaker = Breaker(window_rows=window, min_rows=min_rows, max_failure_fraction=0.5,
                            max_same_error_fraction=0.8)
@@ -129,6 +140,20 @@ def test_a_row_from_another_engine_stops_the_run_and_is_not_returned():
     message = str(info.value)
     assert "replica r9 of Serve app 'raygen' answered with engine 0123456789abcdef" in message
     assert stage.engine_config_hash in message and "rerun the same command" in message
+
+
+def test_each_data_row_is_counted_for_its_replica_with_its_flags():
+    def looping(r):
+        result = _ok(r)
+        result.output_token_ids = [0] * 100
+        return result
+    gen = _rows(FakeReplica(looping), _stage())
+    (out,) = _run(gen, [_row("a")])
+    assert out["integrity_flags"] == ["token_run"]
+    assert gen.integrity.records == [("r9", ["token_run"])]
+    gen = _rows(FakeReplica(_failed("made_up")), _stage())
+    _run(gen, [_row("b")])
+    assert gen.integrity.records == []  # a failure row is not a data row
 
 
 def test_a_replica_that_reports_no_engine_is_foreign_too():

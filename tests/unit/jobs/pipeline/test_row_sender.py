@@ -223,8 +223,9 @@ class PoisonHandle(StreamingHandle):
 
 def _generate_rows(handle):
     from jobs.pipeline.generate_stage import GenerateRows
+    from tests.unit.jobs.pipeline.test_generate_stage import RecordedIntegrity
     rows = GenerateRows.__new__(GenerateRows)  # its __init__ looks up a real Serve handle
-    rows.category_label = str
+    rows.category_label, rows.integrity = str, RecordedIntegrity()
     rows.stage = StageSettings(
         run="r", model="m", max_new_tokens=16, context_policy="reject", sampling={},
         sampling_json="{}", settings_hash="h", legacy_settings_hash="h0",
