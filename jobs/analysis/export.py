@@ -3,6 +3,8 @@
     python -m jobs.analysis.export RUN --format pretokenized|conversations|messages --out URI
         [--file-type jsonl|parquet] [--include-truncated] [--require-finished-thinking]
         [--max-repetition-ratio R] [--max-length N] [--category C ...] [--config FILE]
+        [--extra-columns accept_length,category]
+        [--check-template TOKENIZER [--max-template-mismatch SHARE] [--allow-template-mismatch]]
 
 writes URI/part-00000.jsonl ... and URI/export.manifest (JSON: what was written, what
 each filter dropped). Formats, one record per kept row:
@@ -18,6 +20,11 @@ each filter dropped). Formats, one record per kept row:
 "tools" is the tools' JSON text, "[]" when none: both trainers parse it, and a column
 that is never null keeps one type in every shard (datasets.load_dataset("json") takes
 the types from the first shard and fails on a later string where it saw only nulls).
+
+--extra-columns appends the rows' accept_length / category to every record
+(extra_columns.py); --check-template re-renders conversations/messages records as the
+trainers do and refuses an export whose ids differ from the sampled ones
+(template_check.py).
 
 Design decisions:
 - Streaming: finalize.pick_latest picks each key's latest version from the run index
@@ -51,7 +58,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contract.thinking import THINK_END, THINK_START
+from jobs.analysis import extra_columns, template_check
 from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
+from jobs.analysis.template_check import TemplateCheck, TemplateCheckError, render_lines
 from jobs.io.run_index import read_latest
 from contract.integrity import integrity_flags
 from jobs.io.run_store import RunStore
@@ -204,10 +213,11 @@ def _parquet_message(msg: dict[str, Any]) -> dict[str, Any]:
     return {**{name: msg.get(name) for name in MESSAGE.names}, "tool_calls": calls or None}
 
 
-def to_parquet_rows(fmt: str, records: list[dict[str, Any]]) -> pa.Table:
+def to_parquet_rows(fmt: str, records: list[dict[str, Any]],
+                    schema: Optional[pa.Schema] = None) -> pa.Table:
     if fmt != "pretokenized":
         records = [{**r, fmt: [_parquet_message(m) for m in r[fmt]]} for r in records]
-    return pa.Table.from_pylist(records, schema=PARQUET_SCHEMAS[fmt])
+    return pa.Table.from_pylist(records, schema=schema or PARQUET_SCHEMAS[fmt])
 
 
 # --- shards --------------------------------------------------------------------------
@@ -215,8 +225,10 @@ def to_parquet_rows(fmt: str, records: list[dict[str, Any]]) -> pa.Table:
 class ShardWriter:
     """Appends records to the current shard and cuts part-NNNNN files as it fills."""
 
-    def __init__(self, out: Location, fmt: str, file_type: str, rows_per_file: int):
+    def __init__(self, out: Location, fmt: str, file_type: str, rows_per_file: int,
+                 extras: tuple[str, ...] = ()):
         self.out, self.fmt, self.file_type, self.rows_per_file = out, fmt, file_type, rows_per_file
+        self.schema = extra_columns.schema(PARQUET_SCHEMAS[fmt], extras)  # + --extra-columns
         self.files: list[dict[str, Any]] = []
         self._lines: list[bytes] = []              # jsonl: encoded lines
         self._pending: list[dict[str, Any]] = []   # parquet: records not yet in Arrow
@@ -247,7 +259,7 @@ class ShardWriter:
 
     def _to_arrow(self) -> None:
         if self._pending:
-            table = to_parquet_rows(self.fmt, self._pending)
+            table = to_parquet_rows(self.fmt, self._pending, self.schema)
             self._tables.append(table)
             self._bytes += table.nbytes
             self._pending = []
@@ -296,8 +308,13 @@ def _remove_stale(out: Location, keep: set[str]) -> None:
 
 def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters(),
            file_type: str = "jsonl", rows_per_file: int = ROWS_PER_FILE,
-           force: bool = False) -> dict[str, Any]:
-    """Write the shards, then the manifest; returns the manifest."""
+           force: bool = False, extras: tuple[str, ...] = (),
+           template: Optional[TemplateCheck] = None) -> dict[str, Any]:
+    """Write the shards, then the manifest; returns the manifest. `extras`: the
+    --extra-columns added to each record; `template`: the --check-template round trip,
+    which refuses the export (no shards, no manifest) over its limit."""
+    if template is not None and fmt == "pretokenized":
+        raise ExportError(template_check.PRETOKENIZED)
     started = time.monotonic()
     out = output_location(store, out_uri)
     try:
@@ -314,7 +331,8 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
     except FileNotFoundError:
         pass
     columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
-    writer, dropped, damaged = ShardWriter(out, fmt, file_type, rows_per_file), {}, {}
+    columns += extra_columns.read_columns(extras, columns)
+    writer, dropped, damaged = ShardWriter(out, fmt, file_type, rows_per_file, extras), {}, {}
     flagged: dict[str, int] = {}  # integrity flag -> rows read that carry it
     for path, part, expected in read_latest(store, picks.index, columns, verify=True):
         if part.num_rows < expected:  # damaged: quarantined by the read
@@ -323,14 +341,20 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
             continue
         tally_flags(row_flags(part), flagged)
         kept = filters.apply(part, dropped)
+        if template is not None:  # the rows written, after every filter
+            template.add(kept, chat_turns)
         if fmt == "pretokenized" and file_type == "jsonl":
-            writer.add_lines(pretokenized_lines(kept))
+            writer.add_lines(extra_columns.lines(pretokenized_lines(kept), kept, extras))
         else:
-            writer.add(RECORDS[fmt](row) for row in kept.to_pylist())
+            writer.add(extra_columns.record(RECORDS[fmt](row), row, extras)
+                       for row in kept.to_pylist())
     writer.cut()
     if damaged:  # no manifest: the folder reads as incomplete
         raise ExportError(f"run {store.uri}: {damage_note(damaged)}. Rerun the job, then "
                           f"export again")
+    if template is not None and template.refused():  # no shards, no manifest
+        _remove_stale(out, set())
+        raise ExportError(template.refusal())
     _remove_stale(out, {f["name"] for f in writer.files})
     elapsed = time.monotonic() - started
     rows = sum(f["rows"] for f in writer.files)
@@ -343,6 +367,8 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         "dropped": {name: n for name, n in dropped.items()},
         "integrity_flags": dict(sorted(flagged.items())),  # of the rows read, kept or not
         "filters": {**filters.__dict__, "categories": list(filters.categories)},
+        "extra_columns": list(extras),
+        "template_check": template.report() if template is not None else None,
         "elapsed_s": round(elapsed, 3), "rows_per_s": round(rows / max(elapsed, 1e-9), 1),
     }
     write_json_atomic(out.join(MANIFEST), manifest)
@@ -357,6 +383,7 @@ def render(m: dict[str, Any]) -> str:
         f"  read:     {m['data_rows']:,} data rows, {m['keys']:,} keys "
         f"(latest version each; {m['older_versions_skipped']:,} older versions skipped)",
         f"  dropped:  {dropped}",
+        *render_lines(m.get("template_check")),
         f"  manifest: {m['out']}/{MANIFEST}",
     ])
 
@@ -391,6 +418,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "in the manifest")
     parser.add_argument("--force", action="store_true",
                         help="export even though progress.json says the run is running")
+    parser.add_argument("--extra-columns", default=None, metavar="LIST",
+                        help="add accept_length and/or category to each record")
+    parser.add_argument("--check-template", default=None, metavar="TOK",
+                        help="re-render chat records with tokenizer TOK (a folder, or "
+                             "`model`: engine.model_path) and compare with the sampled ids")
+    parser.add_argument("--max-template-mismatch", type=float, default=None, metavar="SHARE",
+                        help="refuse above this share of differing rows (default 0.01)")
+    parser.add_argument("--allow-template-mismatch", action="store_true",
+                        help="write the export whatever the mismatch")
 
 
 def filters_from_args(args: argparse.Namespace) -> Filters:
@@ -411,11 +447,16 @@ def run(args: argparse.Namespace) -> int:
     """Export from parsed arguments (run, config and the export options)."""
     from jobs.analysis.run_cli import fail, open_args, require_run
     filters = filters_from_args(args)
+    try:
+        extras = () if args.extra_columns is None else extra_columns.parse(args.extra_columns)
+        template = TemplateCheck.from_args(args)
+    except (ValueError, TemplateCheckError) as exc:
+        fail(str(exc))
     store = open_args(args)
     require_run(store)
     try:
         manifest = export(store, args.out, args.format, filters, args.file_type,
-                          args.rows_per_file, args.force)
+                          args.rows_per_file, args.force, extras, template)
     except ExportError as exc:
         fail(str(exc))
     except OSError as exc:  # unreachable endpoint, no bucket, no permission
