@@ -78,7 +78,7 @@ def test_pretokenized_to_s3_is_the_latest_versions_ids_exactly(finished_run, s3_
     manifest, records = s3_jsonl(s3_endpoint, prefix)
     stop = latest[latest.finish_reason == "stop"]
     assert sorted(r["id"] for r in records) == sorted(stop.index)
-    assert manifest["dropped"] == {"finish_reason": len(latest) - len(stop)}
+    assert manifest["dropped"] == {"integrity": 0, "finish_reason": len(latest) - len(stop)}
     assert manifest["older_versions_skipped"] == int((latest["version"] == 1).sum()) > 0
     for r in records:
         row = stop.loc[r["id"]]
