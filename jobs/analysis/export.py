@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contract.thinking import THINK_END, THINK_START
-from jobs.analysis import extra_columns, template_check
+from jobs.analysis import extra_columns, template_check, token_yield
 from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
 from jobs.analysis.template_check import TemplateCheck, TemplateCheckError, render_lines
 from jobs.io.run_index import read_latest
@@ -309,7 +309,8 @@ def _remove_stale(out: Location, keep: set[str]) -> None:
 def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters(),
            file_type: str = "jsonl", rows_per_file: int = ROWS_PER_FILE,
            force: bool = False, extras: tuple[str, ...] = (),
-           template: Optional[TemplateCheck] = None) -> dict[str, Any]:
+           template: Optional[TemplateCheck] = None,
+           trainer_max_length: Optional[int] = None) -> dict[str, Any]:
     """Write the shards, then the manifest; returns the manifest. `extras`: the
     --extra-columns added to each record; `template`: the --check-template round trip,
     which refuses the export (no shards, no manifest) over its limit."""
@@ -332,6 +333,8 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         pass
     columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
     columns += extra_columns.read_columns(extras, columns)
+    yields, yield_columns = token_yield.export_tally(trainer_max_length, columns)
+    columns += yield_columns
     writer, dropped, damaged = ShardWriter(out, fmt, file_type, rows_per_file, extras), {}, {}
     flagged: dict[str, int] = {}  # integrity flag -> rows read that carry it
     for path, part, expected in read_latest(store, picks.index, columns, verify=True):
@@ -341,6 +344,8 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
             continue
         tally_flags(row_flags(part), flagged)
         kept = filters.apply(part, dropped)
+        if yields is not None:  # --trainer-max-length: the rows written, the run's clock
+            yields.add(part, kept)
         if template is not None:  # the rows written, after every filter
             template.add(kept, chat_turns)
         if fmt == "pretokenized" and file_type == "jsonl":
@@ -369,6 +374,7 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         "filters": {**filters.__dict__, "categories": list(filters.categories)},
         "extra_columns": list(extras),
         "template_check": template.report() if template is not None else None,
+        "token_yield": yields.result() if yields is not None else None,
         "elapsed_s": round(elapsed, 3), "rows_per_s": round(rows / max(elapsed, 1e-9), 1),
     }
     write_json_atomic(out.join(MANIFEST), manifest)
@@ -384,6 +390,7 @@ def render(m: dict[str, Any]) -> str:
         f"(latest version each; {m['older_versions_skipped']:,} older versions skipped)",
         f"  dropped:  {dropped}",
         *render_lines(m.get("template_check")),
+        *token_yield.render_lines(m.get("token_yield")),
         f"  manifest: {m['out']}/{MANIFEST}",
     ])
 
@@ -418,6 +425,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "in the manifest")
     parser.add_argument("--force", action="store_true",
                         help="export even though progress.json says the run is running")
+    parser.add_argument("--trainer-max-length", type=token_yield.parse_length, default=None,
+                        metavar="N", help="the drafter trainer's max length (prompt + "
+                        "output tokens): the manifest's token_yield says, per category, the "
+                        "output tokens it trains on and cuts, and their GPU time")
     parser.add_argument("--extra-columns", default=None, metavar="LIST",
                         help="add accept_length and/or category to each record")
     parser.add_argument("--check-template", default=None, metavar="TOK",
@@ -456,7 +467,8 @@ def run(args: argparse.Namespace) -> int:
     require_run(store)
     try:
         manifest = export(store, args.out, args.format, filters, args.file_type,
-                          args.rows_per_file, args.force, extras, template)
+                          args.rows_per_file, args.force, extras, template,
+                          trainer_max_length=args.trainer_max_length)
     except ExportError as exc:
         fail(str(exc))
     except OSError as exc:  # unreachable endpoint, no bucket, no permission

@@ -386,12 +386,14 @@ def _parametric_rows(w, mu, sigma, caps: list[int], cap: int, km: list,
 
 
 def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
-                    n_boot: int = N_BOOT, seed: int = 0) -> dict[str, Any]:
+                    n_boot: int = N_BOOT, seed: int = 0,
+                    trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     """The what-if over caps, with fit details and notes (see the module docstring).
 
     df: the run's rows (finish_reason, completion_tokens; category, max_new_tokens,
     key/version optional). Several versions of a key are reduced to the latest
-    (run_index.latest_rows).
+    (run_index.latest_rows). trainer_max_lengths: also each cap's expected trainable
+    tokens per row at these trainer max lengths (needs prompt_tokens; token_yield.py).
     """
     df = latest_rows(df)
     sample, cap = Sample(df), current_cap(df)
@@ -416,6 +418,17 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
         return out
     w, mu, sigma = _bootstrap_fit(sample, n_boot, seed)
     out["rows"] = _parametric_rows(w, mu, sigma, caps, cap, km, n_boot)
+    if trainer_max_lengths and "prompt_tokens" in df.columns:
+        from jobs.analysis.token_yield import trainable_forecast
+        fitted = df[df["finish_reason"].astype(str).isin(("stop", "length"))]
+        for row, entry in zip(out["rows"], trainable_forecast(
+                fitted, sample.categories, mu, sigma, caps, cap, trainer_max_lengths, CI)):
+            row["trainable"] = entry
+        out["notes"].append(
+            "Trainable tokens per row at trainer max length N: min(L, cap, N - prompt) "
+            "(rows cut at the cap kept, --include-truncated) and min(L, N - prompt) for "
+            "rows finished within the cap (the export's default); a row's own length "
+            "where it is known at that cap, the fit given its cut where it is not.")
     out["categories"] = _category_fits(sample, w, mu, sigma)
     thin = [f["category"] for f in out["categories"] if f["pooled_fallback"]]
     if thin:

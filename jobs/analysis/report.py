@@ -1,6 +1,7 @@
 """End-of-run report: what the run's files say about its outputs, and what a cap change would do.
 
     python -m jobs.analysis.report <run> [--config FILE] [--what-if 5120,6144,8192,16384]
+                                   [--trainer-max-length 2048,4096]
 
 Design decisions:
 - Every figure is computed over the latest version per key, the row's current state:
@@ -16,6 +17,9 @@ Design decisions:
 - The what-if section is jobs.analysis.forecast: truncated rows are censored observations, so
   the fraction at another cap is a model estimate with a range; extrapolations above
   the observed cap are marked as such.
+- --trainer-max-length N: per category, the output tokens a drafter trainer at max
+  length N trains on and cuts, and the GPU time they cost; the what-if in trainable
+  tokens too (jobs.analysis.token_yield).
 - Files go to the run prefix (report.json, report.md, report_lengths.png) with atomic
   writes, so a report is either the old one or the new one, never half of each.
 """
@@ -34,6 +38,7 @@ import pandas as pd
 import pyarrow as pa
 
 from jobs.analysis.forecast import forecast_report
+from jobs.analysis.token_yield import parse_lengths, yield_report
 from jobs.io.digests import digests_of, sorted_contains
 from jobs.io.part_summary import reject_reason_class
 from jobs.io.run_index import RunIndex, read_latest
@@ -49,7 +54,7 @@ REPORT_COLUMNS = [
     "key", "version", "category", "finish_reason", "finished_thinking", "prompt_tokens",
     "completion_tokens", "reasoning_tokens", "max_new_tokens", "effective_max_new_tokens",
     "budget_clamped_by", "continuations", "spec_verify_ct", "repetition_ratio",
-    "settings_hash", "created_at"]
+    "settings_hash", "created_at", "latency_s", "replica"]
 
 
 # --- figures ----------------------------------------------------------------------------
@@ -158,16 +163,19 @@ def reject_stats(store: RunStore) -> dict[str, Any]:
     return {"total": len(r), "by_reason": out}
 
 
-def build_report(store: RunStore, caps: Optional[Sequence[int]] = None) -> dict[str, Any]:
+def build_report(store: RunStore, caps: Optional[Sequence[int]] = None,
+                 trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     """Every figure of the report as a JSON-safe dict (see the module docstring)."""
     df, data_rows = load_latest(store)
-    return assemble(store, df, data_rows, caps)
+    return assemble(store, df, data_rows, caps, trainer_max_lengths)
 
 
 def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
-             caps: Optional[Sequence[int]] = None) -> dict[str, Any]:
+             caps: Optional[Sequence[int]] = None,
+             trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     progress = store.read_json("progress.json") or {}
-    fc = forecast_report(df, caps)
+    lengths = list(trainer_max_lengths or ())
+    fc = forecast_report(df, caps, trainer_max_lengths=lengths)
     return {
         "run": store.uri,
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -182,6 +190,7 @@ def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
         "failures": failure_stats(store, np.sort(digests_of(df["key"]))),
         "rejects": reject_stats(store),
         "forecast": fc,
+        "token_yield": yield_report(df, lengths) if lengths else None,
     }
 
 
@@ -277,8 +286,77 @@ def render_markdown(rep: dict[str, Any]) -> str:
         lines += [f"({len(cats) - MD_MAX_CATEGORIES} smaller categories in report.json)", ""]
     lines += ["## By prompt length (tokens)", ""]
     lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in rep["by_prompt_bin"].items()])
-    lines += _problems_md(rep) + _forecast_md(rep["forecast"])
+    lines += _problems_md(rep) + _yield_md(rep.get("token_yield"))
+    lines += _forecast_md(rep["forecast"]) + _trainable_forecast_md(rep["forecast"])
     return "\n".join(lines)
+
+
+YIELD_HEADERS = ["", "rows", "output tok", "trainable tok", "trainable %", "cut tok",
+                 "rows cut", "rows w/o trainable", "GPU-h", "cut GPU-h", "cut GPU %"]
+
+
+def _yield_row(name: str, g: dict[str, Any]) -> list[str]:
+    return [name, _fmt(g["rows"]), _fmt(g["output_tokens"]), _fmt(g["trainable_tokens"]),
+            _fmt(g["trainable_pct"], 1, "%"), _fmt(g["cut_tokens"]), _fmt(g["rows_cut"]),
+            _fmt(g["rows_without_trainable"]), _hours(g["gpu_hours"]),
+            _hours(g["cut_gpu_hours"]), _fmt(g["cut_gpu_pct"], 1, "%")]
+
+
+def _hours(x: Optional[float]) -> str:
+    """GPU-hours with three significant digits (a small run's are fractions of one)."""
+    return "-" if x is None else f"{x:,.3g}" if x < 1000 else f"{x:,.0f}"
+
+
+def _tokens_range(x: Optional[float], lo: Optional[float], hi: Optional[float]) -> str:
+    """'1,635' when the figure is exact (every length known), else with its range."""
+    if lo is None or hi is None or round(lo) == round(hi):
+        return _fmt(x, 0)
+    return f"{_fmt(x, 0)} ({_fmt(lo, 0)}-{_fmt(hi, 0)})"
+
+
+def _yield_md(ty: Optional[dict[str, Any]]) -> list[str]:
+    if not ty:
+        return []
+    lines: list[str] = []
+    for n, section in ty["by_max_length"].items():
+        cats = sorted(section["by_category"].items(), key=lambda kv: -kv[1]["rows"])
+        lines += [f"## Trainable tokens at trainer max length {int(n):,}", ""]
+        lines += _table(YIELD_HEADERS, [_yield_row("all", section["overall"])]
+                        + [_yield_row(k, g) for k, g in cats[:MD_MAX_CATEGORIES]])
+    clock = ty["gpu_clock"]
+    if clock:
+        lines.append(f"- GPU clock: {clock['mean_requests_in_flight']:,.2f} requests in "
+                     f"flight per replica on average over {_hours(clock['busy_replica_hours'])} "
+                     f"busy replica-hours ({clock['replicas']} replicas, "
+                     f"{clock['measured_rows']:,} first-version rows).")
+    return lines + [f"- {note}" for note in ty["notes"]] + [""]
+
+
+def _trainable_forecast_md(fc: dict[str, Any]) -> list[str]:
+    rows = [r for r in fc["rows"] if r.get("trainable")]
+    if not rows:
+        return []
+    lines: list[str] = []
+    for n in rows[0]["trainable"]:
+        table = []
+        for r in rows:
+            t = r["trainable"][n]
+            done = None if r["truncated_fraction"] is None else 1 - r["truncated_fraction"]
+            table.append([
+                f"{r['cap']:,}", _share(done, None, None),
+                _tokens_range(t["mean_trainable_tokens"], t["mean_trainable_tokens_lo"],
+                              t["mean_trainable_tokens_hi"]),
+                _tokens_range(t["mean_trainable_tokens_finished"],
+                              t["mean_trainable_tokens_finished_lo"],
+                              t["mean_trainable_tokens_finished_hi"]),
+                _fmt(t["relative_trainable_finished"], 2, "x"),
+                _fmt(r["relative_gpu_time"], 2, "x"),
+                "extrapolated" if r["extrapolated"] else "observed range"])
+        lines += [f"## What-if in trainable tokens (trainer max length {int(n):,})", ""]
+        lines += _table(["cap", "finished %", "trainable tok/row, all rows (range)",
+                         "trainable tok/row, finished rows (range)",
+                         "trainable (finished) vs now", "GPU time vs now", ""], table)
+    return lines
 
 
 def _problems_md(rep: dict[str, Any]) -> list[str]:
@@ -343,11 +421,12 @@ def write_report(store: RunStore, report: dict[str, Any],
 
 
 def report_and_write(store: RunStore, caps: Optional[Sequence[int]] = None,
-                     index: Optional[RunIndex] = None) -> dict[str, Any]:
+                     index: Optional[RunIndex] = None,
+                     trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     """Build and write the report (the job calls this at the end of every run, with the
     index its progress kept current)."""
     df, data_rows = load_latest(store, index)
-    report = assemble(store, df, data_rows, caps)
+    report = assemble(store, df, data_rows, caps, trainer_max_lengths)
     write_report(store, report, df)
     return report
 
@@ -371,6 +450,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     add_run_args(parser)
     parser.add_argument("--what-if", type=parse_caps, default=None, metavar="CAPS",
                         help="comma-separated caps to forecast, e.g. 5120,6144,8192,16384")
+    parser.add_argument("--trainer-max-length", type=parse_lengths, default=None,
+                        metavar="N[,N...]",
+                        help="the drafter trainer's max length(s) in tokens (prompt + "
+                             "output), e.g. 2048,4096: per category the output tokens it "
+                             "trains on and cuts, their GPU time, and the what-if in "
+                             "trainable tokens")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -387,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
     df, data_rows = load_latest(store)
     if df.empty:
         fail(f"run {store.uri} has no completed rows yet: nothing to report")
-    report = assemble(store, df, data_rows, args.what_if)
+    report = assemble(store, df, data_rows, args.what_if, args.trainer_max_length or ())
     print(render_markdown(report))
     for uri in write_report(store, report, df):
         print(f"wrote {uri}")
