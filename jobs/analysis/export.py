@@ -375,6 +375,7 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         "extra_columns": list(extras),
         "template_check": template.report() if template is not None else None,
         "token_yield": yields.result() if yields is not None else None,
+        "provenance": store.read_json("provenance.json"),  # jobs/runs/provenance.py
         "elapsed_s": round(elapsed, 3), "rows_per_s": round(rows / max(elapsed, 1e-9), 1),
     }
     write_json_atomic(out.join(MANIFEST), manifest)

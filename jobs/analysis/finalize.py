@@ -156,6 +156,7 @@ def build_manifest(store: RunStore, picks: Picks, written: Written,
         "source_data_files": picks.data_files, "source_data_rows": picks.data_rows,
         **{name: dict(sorted(counts.items())) for name, counts in written.tallies.items()},
         "open_failures": picks.open_failures,
+        "provenance": store.read_json("provenance.json"),  # jobs/runs/provenance.py
     }
 
 

@@ -183,6 +183,7 @@ def run_job(cfg: RunConfig, mode: "RunMode", stop_exc: type,
     from jobs.io.run_index import describe as describe_index
     from jobs.pipeline.settings import StageSettings
     from jobs.runs import plans
+    from jobs.runs.provenance import record_session as record_provenance
     from serve_apps.app import deploy_or_attach
 
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
@@ -205,7 +206,8 @@ def run_job(cfg: RunConfig, mode: "RunMode", stop_exc: type,
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
         with claim_engines(cfg, store):
-            deploy_or_attach(cfg.engine, cfg.serve)
+            handle = deploy_or_attach(cfg.engine, cfg.serve)
+            record_provenance(cfg, store, mode, handle)  # <run>/provenance.json, changes logged
             return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
                             expect_all=plan.expect_all, index=state.index, counts=plan.counts)
     finally:

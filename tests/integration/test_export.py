@@ -136,3 +136,34 @@ def test_s3_errors_are_one_line(finished_run, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("error: ") for line in lines)
     assert "no-such-bucket-raygen" in lines[1]
+
+
+def test_trainable_yield_and_provenance_reach_the_manifest_and_report(finished_run, tmp_path,
+                                                                        capsys):
+    """--trainer-max-length on the real run: the manifest's yield equals the records'
+    loss-mask tokens within N; its GPU clock is measured on the replicas; the run's
+    provenance rides along; the report says the same per category."""
+    from tests.integration.helpers import store_of
+    tree, cfg, latest, _ = finished_run
+    out = tmp_path / "yield"
+    assert cli.main(["export", "--config", str(cfg), "--format", "pretokenized", "--out",
+                     str(out), "--include-truncated", "--trainer-max-length", "2048"]) == 0
+    assert "trainable at max length 2,048" in capsys.readouterr().out
+    manifest = json.loads((out / "export.manifest").read_text())
+    records = [json.loads(line) for f in sorted(out.glob("part-*.jsonl"))
+               for line in f.read_text().splitlines()]
+    ty = manifest["token_yield"]
+    assert ty["overall"]["rows"] == len(records) == len(latest)
+    assert ty["overall"]["trainable_tokens"] == sum(sum(r["loss_mask"][:2048]) for r in records)
+    assert ty["overall"]["cut_tokens"] == sum(sum(r["loss_mask"][2048:]) for r in records) > 0
+    # rows go out together, so several are in flight per replica (41 rows may all land
+    # on one of the two replicas on a loaded machine)
+    assert ty["gpu_clock"]["replicas"] in (1, 2), ty["gpu_clock"]
+    assert ty["gpu_clock"]["mean_requests_in_flight"] > 1, ty["gpu_clock"]
+    assert 0 < ty["overall"]["cut_gpu_hours"] < ty["overall"]["gpu_hours"]
+    assert manifest["provenance"] == store_of(tree).read_json("provenance.json")
+    assert manifest["provenance"]["engine"]["kind"] == "simulator"
+    assert cli.main(["report", "--config", str(cfg), "--trainer-max-length", "2048"]) == 0
+    report = store_of(tree).read_json("report.json")
+    by_cat = report["token_yield"]["by_max_length"]["2048"]["by_category"]
+    assert by_cat == {k: v for k, v in ty["by_category"].items()}

@@ -79,3 +79,46 @@ def test_rerun_with_another_budget_is_refused(e2e_run):
     tree["job"]["max_new_tokens"] = 8192
     with pytest.raises(RunError, match="--continue-truncated --max-total-tokens 8192"):
         run_job(parse_config(tree), RunMode(), _Never)
+
+
+def test_provenance_is_recorded_and_a_resume_says_what_changed(e2e_run, caplog):
+    """provenance.json of the run above; a resume under other engine settings (not in
+    settings_hash: the run goes on) logs each changed field and keeps the earlier record."""
+    import logging
+
+    from ray import serve
+
+    from tests.integration.helpers import store_of
+    tree = e2e_run[0]
+    store = store_of(tree)
+    rec = store.read_json("provenance.json")
+    assert rec["format"] == 1 and rec["run"] == store.uri
+    assert rec["model"] == {"path": "sim-test", "served_model_name": "sim-test",
+                            "source": "simulator"}
+    engine = rec["engine"]
+    assert engine["kind"] == "simulator" and engine["version"] == "0.5.23-sim"
+    assert engine["server_info"]["max_running_requests"] == 32  # from the engine itself
+    assert engine["argv"][engine["argv"].index("--port") + 1] == "<port>"
+    assert rec["speculative"]["algorithm"] == "NEXTN"
+    assert rec["inputs"][0]["uri"] == f"s3://{BUCKET}/inputs/e2e.jsonl"
+    assert rec["inputs"][0]["rows"] == 120
+    assert rec["settings_hash"] and rec["raygen"]["version"]
+    # A resume with 16 running requests per engine: its own app (the module's app keeps
+    # its engine), one replica; nothing left to generate.
+    changed = copy.deepcopy(tree)
+    changed["engine"]["max_running_requests"] = 16
+    changed["serve"]["app_name"] = "raygen-e2e-provenance"
+    changed["serve"]["autoscaling"].update(min_replicas=1, max_replicas=1)
+    caplog.set_level(logging.WARNING, logger="raygen")
+    try:
+        again = run_job(parse_config(changed), RunMode(), stop_exc=_Never)
+    finally:
+        serve.delete("raygen-e2e-provenance")
+    assert again.status == "succeeded" and again.progress["session_rows"] == 0
+    assert "provenance changed since the session of" in caplog.text
+    assert "provenance: engine.server_info.max_running_requests: 32 -> 16" in caplog.text
+    assert "provenance: engine.argv: --max-running-requests 32 -> 16" in caplog.text
+    after = store.read_json("provenance.json")
+    assert after["engine"]["server_info"]["max_running_requests"] == 16
+    assert after["earlier"][-1]["fingerprint"] == rec["fingerprint"]
+    assert "engine.argv" in after["sessions"][-1]["changed"]
