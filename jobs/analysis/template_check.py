@@ -219,6 +219,8 @@ class TemplateCheck:
             cat["example"] = self._example(row, kind, pos, len(prompt), produced, rendered, error)
 
     def _example(self, row, kind, pos, prompt_len, produced, rendered, error) -> dict[str, Any]:
+        if error:  # nothing was rendered
+            return {"key": row["key"], "kind": kind, "error": error}
         lo = max(0, pos - WINDOW)
         out = {"key": row["key"], "kind": kind, "position": pos,
                "output_offset": pos - prompt_len,
@@ -230,8 +232,6 @@ class TemplateCheck:
             # the rendered text goes on from the produced text: only the ids differ
             out["same_text"] = self.decode(rendered[prompt_len:]).startswith(
                 self.decode(produced[prompt_len:]))
-        if error:
-            out["error"] = error
         return out
 
     # --- verdict -----------------------------------------------------------------------
@@ -293,11 +293,12 @@ def render_lines(r: Optional[dict[str, Any]]) -> list[str]:
         if not c["mismatched"]:
             continue
         e = c["example"]
-        lines.append(f"    {name}: {c['mismatched']:,}/{c['checked']:,} ({c['share']:.1%}); "
-                     f"e.g. {e['key']} ({e['kind']}) at id {e['position']} "
-                     f"(output offset {e['output_offset']})"
-                     + (f": {e['error']}" if e.get("error") else ""))
-        if not e.get("error"):
-            lines.append(f"      produced {_short(e['produced'])}")
-            lines.append(f"      rendered {_short(e['rendered'])}")
+        head = f"    {name}: {c['mismatched']:,}/{c['checked']:,} ({c['share']:.1%}); e.g. {e['key']}"
+        if e.get("error"):
+            lines.append(f"{head} ({e['kind']}): {e['error']}")
+            continue
+        lines.append(f"{head} ({e['kind']}) at id {e['position']} (output offset "
+                     f"{e['output_offset']})" + (", same text" if e.get("same_text") else ""))
+        lines.append(f"      produced {_short(e['produced'])}")
+        lines.append(f"      rendered {_short(e['rendered'])}")
     return lines

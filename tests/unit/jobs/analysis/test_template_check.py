@@ -134,11 +134,13 @@ def test_same_text_different_ids_is_named(store, tmp_path, tokenizers):
     word = tk.WORD_BASE + tk.WORDS.index("stop")   # " stop", one id; the tokenizer spells 5
     ids = sglang_cpu.OUTPUT_IDS[:27] + [models.byte_id("A"), word, models.byte_id("B"), tk.EOS_ID]
     write_rows(store, "data", [scripted_row("words", output_token_ids=ids, answer="A stopB")])
-    r = ex.export(store, str(tmp_path / "out"), "conversations",
-                  template=check(tokenizers, "round_trip", allow=True))["template_check"]
-    e = r["by_category"]["chat"]["example"]
+    manifest = ex.export(store, str(tmp_path / "out"), "conversations",
+                         template=check(tokenizers, "round_trip", allow=True))
+    e = manifest["template_check"]["by_category"]["chat"]["example"]
     assert (e["kind"], e["produced_id"], e["rendered_id"]) == ("output", word, models.byte_id(" "))
     assert e["same_text"] is True   # " stop" either way: only the tokenization differs
+    assert f"e.g. words (output) at id {e['position']} (output offset 28), same text" \
+        in ex.render(manifest)
 
 
 def test_rendered_ids_are_what_apply_chat_template_tokenize_true_gives(tokenizers):
@@ -161,9 +163,14 @@ def test_rendered_ids_are_what_apply_chat_template_tokenize_true_gives(tokenizer
 def test_a_template_that_raises_is_counted_as_a_render_error(store, tmp_path):
     folder = tokenizer_dir(tmp_path / "tok", "{{ raise_exception('no tools here') }}")
     write_rows(store, "data", [scripted_row("k0")])
-    with pytest.raises(ex.ExportError, match=r"k0 \(render_error\).*no tools here"):
+    with pytest.raises(ex.ExportError, match=r"e\.g\. k0 \(render_error\): \w+: no tools here\n"):
         ex.export(store, str(tmp_path / "out"), "conversations",
                   template=TemplateCheck.load(str(folder)))
+    r = ex.export(store, str(tmp_path / "out"), "conversations",
+                  template=TemplateCheck.load(str(folder), allow=True))["template_check"]
+    assert r["kinds"] == {"render_error": 1}
+    assert r["by_category"]["chat"]["example"] == {
+        "key": "k0", "kind": "render_error", "error": "TemplateError: no tools here"}
 
 
 def test_pretokenized_is_refused_for_the_check(store, tmp_path, tokenizers):
