@@ -146,7 +146,7 @@ def set_faults(urls: list[str], **faults: Any) -> None:
         urllib.request.urlopen(req, timeout=10).read()
 
 
-CLEAR_FAULTS = {"error_rate": 0.0, "slow_rate": 0.0, "error_status": 500}
+CLEAR_FAULTS = {"error_rate": 0.0, "slow_rate": 0.0, "error_status": 500, "broken_output": ""}
 
 
 def run_with_faults(tree: dict, app_name: str, replicas: int = 2, **faults: Any) -> Summary:
