@@ -54,7 +54,12 @@ def test_engine_sigkilled_mid_run_is_replaced_and_nothing_is_lost(real_config, s
         seen["completed"] = wait_until(
             lambda: (store.read_json("progress.json") or {}).get("completed", 0), 180,
             "the first durable rows")
-        info = handle.info.remote().result()
+        # An engine with rows inside it: those rows must be retried (killing an idle one,
+        # e.g. near the end of the run, proves nothing about them).
+        def busy_engine():
+            info = handle.info.remote().result()
+            return info if info["inflight"] > 0 else None
+        info = wait_until(busy_engine, 120, "an engine with rows in flight", poll_s=0.05)
         guard = info["engine_pid"]             # engine_guard leads the engine's group
         server = _children(guard)[0]           # python -m sglang.launch_server
         seen.update(guard=guard, group=group_pids(guard), replica=info["replica"])
