@@ -8,7 +8,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import yaml
@@ -129,14 +129,23 @@ def deploy(tree: dict) -> None:
     deploy_or_attach(cfg.engine, cfg.serve)
 
 
-def engine_urls(app_name: str, replicas: int, timeout_s: float = 60) -> list[str]:
+def replica_infos(app_name: str, replicas: int, timeout_s: float = 60,
+                  where: Callable[[dict], bool] = lambda info: True) -> dict[str, dict]:
+    """replica id -> its info(), asking the app until ``replicas`` replicas for which
+    ``where(info)`` holds have answered (Serve routes each call to one of them)."""
     handle = serve.get_app_handle(app_name)
-    urls: set[str] = set()
+    seen: dict[str, dict] = {}
     deadline = time.monotonic() + timeout_s
-    while len(urls) < replicas and time.monotonic() < deadline:
-        urls.add(handle.info.remote().result()["engine_url"])
-    assert len(urls) == replicas, f"found engines {urls}"
-    return sorted(urls)
+    while len(seen) < replicas and time.monotonic() < deadline:
+        info = handle.info.remote().result()
+        if where(info):
+            seen[info["replica"]] = info
+    assert len(seen) >= replicas, f"found replicas {sorted(seen)}"
+    return seen
+
+
+def engine_urls(app_name: str, replicas: int, timeout_s: float = 60) -> list[str]:
+    return sorted(i["engine_url"] for i in replica_infos(app_name, replicas, timeout_s).values())
 
 
 def set_faults(urls: list[str], **faults: Any) -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from jobs.config import parse_config
 from jobs.runs.run import RunError
-from tests.integration.helpers import (assert_run_exact, read, run, run_config, store_of,
-                                       write_prompts, write_yaml)
+from tests.integration.helpers import (assert_run_exact, read, replica_infos, run, run_config,
+                                       store_of, write_prompts, write_yaml)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,19 +40,11 @@ def _driver(tree: dict, tmp_path, name: str) -> subprocess.Popen:
                             stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT)
 
 
-def _replica_hashes(want: int = 2, foreign_to: str = "") -> dict[str, str]:
-    """replica id -> engine hash, asking the running app until ``want`` replicas answered
-    (with ``foreign_to``: replicas whose hash is not that one, as a rollout brings them)."""
-    from ray import serve
-    handle, seen = serve.get_app_handle(APP), {}
-
-    def enough() -> bool:
-        info = handle.info.remote().result()
-        if info["engine_config_hash"] != foreign_to:
-            seen[info["replica"]] = info["engine_config_hash"]
-        return len(seen) >= want
-    wait_until(enough, 120, f"{want} replicas to answer info()", poll_s=0.2)
-    return seen
+def _replica_hashes(foreign_to: str = "") -> dict[str, str]:
+    """replica id -> engine hash of both replicas (with ``foreign_to``: of two replicas
+    whose hash is not that one, as a rollout brings them)."""
+    infos = replica_infos(APP, 2, 120, where=lambda i: i["engine_config_hash"] != foreign_to)
+    return {r: i["engine_config_hash"] for r, i in infos.items()}
 
 
 def _first_rows(store) -> int:

@@ -10,30 +10,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from ray import serve
 
 from jobs import cli
-from tests.integration.helpers import (deploy, read, run, run_config, set_faults, write_prompts,
-                                       write_yaml)
-from tests.support.waiting import wait_until
+from tests.integration.helpers import (deploy, read, replica_infos, run, run_config, set_faults,
+                                       write_prompts, write_yaml)
 
 pytestmark = [pytest.mark.integration]
 
 APP = "raygen-integrity"
 ROWS = 240
 WINDOW = 16
-
-
-def _replicas() -> dict[str, str]:
-    """replica id -> engine url, until both replicas answered."""
-    handle, seen = serve.get_app_handle(APP), {}
-
-    def both() -> bool:
-        info = handle.info.remote().result()
-        seen[info["replica"]] = info["engine_url"]
-        return len(seen) == 2
-    wait_until(both, 60, "both replicas to answer info()", poll_s=0.1)
-    return seen
 
 
 def test_a_replica_returning_broken_outputs_is_flagged_and_kept_out_of_the_export(
@@ -44,7 +30,8 @@ def test_a_replica_returning_broken_outputs_is_flagged_and_kept_out_of_the_expor
                       serve={"graceful_shutdown_timeout_s": 2},  # held rows go at once
                       job={"rows_per_file": 16, "batch_size": 8})
     deploy(tree)
-    (broken, broken_url), (sound, _) = sorted(_replicas().items())
+    (broken, broken_url), (sound, _) = sorted(
+        (r, i["engine_url"]) for r, i in replica_infos(APP, 2).items())
     set_faults([broken_url], broken_output="token_loop")
     assert run(tree).status == "succeeded"
     with pytest.raises(OSError):  # drained and replaced: that engine is gone

@@ -41,7 +41,10 @@ def one_shot(sglang_pool, s3_endpoint, tmp_path_factory):
     from tests.integration.helpers import sglang_config
     tmp = tmp_path_factory.mktemp("sglang-job")
     rows = write_prompts(tmp / "p.jsonl", ROWS, extra_lines=BAD_LINES)
-    tree = sglang_config(tmp, s3_endpoint, rows_file=str(rows), model_path=sglang_pool.model)
+    # Two rows per Serve call: 20 calls spread over both engines (with the default 16,
+    # three calls could all land on one engine of a loaded machine).
+    tree = sglang_config(tmp, s3_endpoint, rows_file=str(rows), model_path=sglang_pool.model,
+                         job={"rows_per_call": 2})
     return tree, run(tree), rows
 
 
