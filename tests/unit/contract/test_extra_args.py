@@ -116,7 +116,7 @@ def test_a_yaml_1_1_boolean_word_is_refused_with_how_to_pass_it(tmp_path, word):
         load_config(_config_file(tmp_path, f"    mamba-radix-cache-strategy: {word}\n"))
     line = str(info.value).splitlines()[1]
     assert line.startswith("  engine.extra_args.mamba-radix-cache-strategy: ")
-    assert f"is a YAML 1.1 boolean" in line and f"quote it ('{word}')" in line
+    assert "is a YAML 1.1 boolean" in line and f"quote it ('{word}')" in line
 
 
 def test_the_same_word_quoted_is_passed_as_text_and_true_false_keep_their_meaning(tmp_path):

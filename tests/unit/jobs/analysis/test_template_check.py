@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.analysis import export as ex
-from jobs.analysis.template_check import TemplateCheck, TemplateCheckError
+from jobs.analysis.template_check import TemplateCheck
 from serve_apps.engines.sglang_cpu import models
 from serve_apps.engines.simulator import tokenizer as tk
 from tests.support import sglang_cpu
