@@ -11,7 +11,7 @@ prompts (0.1% invalid, 0.1% duplicate ids) to a temp dir and times admit_inputs 
 them, rejects written to a local run folder. ``--index-keys``: the driver's resume read model at N held keys:
 a run of N keys as real sidecars (jobs/io/part_summary.py) next to 1-byte stand-in parts
 is built once under ``--work``; a fresh interpreter opens it as a resume does
-(RunState.read -> jobs/io/run_index.py) and then builds the admission pass's arrays and
+(RunIndex.open, jobs/io/run_index.py) and then builds the admission pass's arrays and
 table for N input rows; it prints the open time and that process's peak RSS.
 """
 
@@ -28,7 +28,8 @@ from typing import Optional
 
 import numpy as np
 
-from jobs.pipeline.admission import (CHUNK_ROWS, AdmissionTable, PriorRun, SeenKeys, admit_inputs,
+from jobs.io.run_index import RunIndex
+from jobs.pipeline.admission import (CHUNK_ROWS, AdmissionTable, SeenKeys, admit_inputs,
                             digests_of, reject_writer)
 
 
@@ -91,7 +92,7 @@ NEW_ROWS = 3000  # new prompts of the resume (as bench scale)
 
 def index_memory(n: int, root: Path) -> dict[str, float]:
     """The driver's resume read model at n held keys, in a fresh interpreter: the run
-    index opened from the sidecars (RunState.read), then the admission pass's key
+    index opened from the sidecars (RunIndex.open), then the admission pass's key
     arrays over an input of those n keys + NEW_ROWS new ones, and the table of what to
     generate, held alongside it; peak RSS of that process."""
     import subprocess
@@ -100,24 +101,24 @@ def index_memory(n: int, root: Path) -> dict[str, float]:
 import json, resource, time
 from jobs.config import StorageConfig
 from jobs.io.run_store import RunStore
-from jobs.runs.run import RunState
+from jobs.io.run_index import RunIndex
 from jobs.pipeline.admission import CHUNK_ROWS, _Pass
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t0 = time.perf_counter()
-state = RunState.read(RunStore({str(run)!r}, StorageConfig()))
+index = RunIndex.open(RunStore({str(run)!r}, StorageConfig()))
 opened = time.perf_counter() - t0
 after_open = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 # The pass's own bookkeeping (_Pass.flush / table) over the held keys + NEW_ROWS new
 # ones, fed parsed rows directly: parsing 10M JSON lines adds time, not memory.
-state_pass = _Pass(state.prior, ["bench"], lambda records: None)
+state_pass = _Pass(index, ["bench"], lambda records: None)
 rows = {n} + {NEW_ROWS}
 for start in range(0, rows, CHUNK_ROWS):
     state_pass.chunk = [(i, f"s{{i:09d}}", None, f"sha256:s{{i:09d}}", i + 1, "")
                         for i in range(start, min(start + CHUNK_ROWS, rows))]
     state_pass.flush()
 table, _ = state_pass.table(retry_failed=False)
-print(json.dumps({{"keys": len(state.prior.done), "open_s": opened, "to_generate": len(table),
-                  "index_bytes": state.index.nbytes,
+print(json.dumps({{"keys": len(index.done), "open_s": opened, "to_generate": len(table),
+                  "index_bytes": index.nbytes,
                   "table_bytes": table.nbytes, "baseline_rss_bytes": base,
                   "open_peak_rss_bytes": after_open,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
@@ -149,7 +150,7 @@ def pass_time(n: int) -> dict[str, float]:
         synthetic_input(path, n)
         store = RunStore(str(Path(tmp) / "run"), StorageConfig())
         started = time.perf_counter()
-        result = admit_inputs([locate(str(path), StorageConfig())], PriorRun(), False,
+        result = admit_inputs([locate(str(path), StorageConfig())], RunIndex.holding({}), False,
                               reject_writer(store))
         seconds = time.perf_counter() - started
     return {"rows": result.total, "admitted": len(result.table), "rejects": result.rejects,

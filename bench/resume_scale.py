@@ -120,9 +120,9 @@ def config_tree(args: argparse.Namespace, endpoint: str, input_path: Path, run_n
 def read_state_s(cfg) -> float:
     """Seconds to read the run's resume state (what a resume reads before admission)."""
     from jobs.io.run_store import RunStore
-    from jobs.runs.run import RunState
+    from jobs.io.run_index import RunIndex
     started = time.perf_counter()
-    RunState.read(RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage))
+    RunIndex.open(RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage))
     return time.perf_counter() - started
 
 

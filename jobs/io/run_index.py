@@ -1,6 +1,7 @@
 """The run index: the one read model of what a run's files hold.
 
-Resume (RunState), progress, continuation, report, forecast, finalize and export all
+It is also the resume state: admission (jobs/pipeline/admission.py), the plans'
+settings check, progress, continuation, report, forecast, finalize and export all
 ask this module which keys are done, failed (open: failed and not done since) or
 rejected, and which row is each key's latest version. It reads the parts' sidecars
 (jobs/io/part_summary.py) in parallel, not the parts: a few KB per part instead of
@@ -19,7 +20,7 @@ prompt digest, settings code: 43 bytes per key (430 MB at 10M keys), no Python
 string per key; an open merges what it collected every MERGE_ROWS rows, so its
 transient memory stays bounded. Two different keys with the same digest (probability
 ~n^2/2^65, 3e-6 at 10M keys) are one key here: the rule below picks one row for both,
-and both count as done (as in admission's PriorRun, which holds the same digests).
+and both count as done (admission reads the same digests from this index).
 
 The latest version of a key (THE tie-break rule, ``LATEST_ORDER``): the highest
 version; equal versions (which the writer never produces) the later created_at,
@@ -123,6 +124,22 @@ class RunIndex:
     def open(cls, store: RunStore) -> "RunIndex":
         index = cls(store)
         index.refresh()
+        return index
+
+    @classmethod
+    def holding(cls, done: dict[str, Optional[str]], failed: Iterable[str] = (),
+                reject_ids: Iterable[str] = ()) -> "RunIndex":
+        """An index of no store that holds these keys (key -> prompt_hash, None when the
+        row predates prompt hashes), failed keys and reject ids: what admission and the
+        plans see of a run, for tests and benchmarks."""
+        index = cls(None)  # type: ignore[arg-type] - never refreshed
+        digests, first = np.unique(digests_of(done), return_index=True)
+        latest = {name: np.zeros(len(digests), dtype) for name, dtype in COLUMNS.items()}
+        latest["digest"] = digests
+        latest["prompt"] = digests_of(list(done.values()))[first]
+        index.latest = latest
+        index.failed = np.unique(digests_of(failed))
+        index.reject_ids = set(reject_ids)
         return index
 
     # --- reading ---
@@ -273,6 +290,12 @@ class RunIndex:
     def done(self) -> np.ndarray:
         """Sorted digests of the keys with a row in data/."""
         return self.latest["digest"]
+
+    @property
+    def done_prompts(self) -> np.ndarray:
+        """Prompt digests of the done keys' latest rows, aligned with ``done`` (0: the
+        row predates prompt hashes)."""
+        return self.latest["prompt"]
 
     def open_failed(self) -> np.ndarray:
         """Sorted digests of keys that failed and have no row in data/ since."""

@@ -26,12 +26,13 @@ import collections
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from jobs.io.digests import digests_of, key_digest, sorted_contains
+from jobs.io.run_index import RunIndex
 from jobs.io.schema import REJECTS
 from jobs.io.sources import MAX_LINE_BYTES, ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
 from jobs.io.storage import Location
@@ -118,33 +119,6 @@ def _sorted_run(digests: np.ndarray, ordinals: np.ndarray,
 
 
 @dataclass
-class PriorRun:
-    """What the run's files already hold, as digests (bytes per key, not strings)."""
-
-    done: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
-    done_prompt: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
-    failed: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))  # open ones
-    reject_ids: set[str] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, done: dict[str, Optional[str]], failed: Iterable[str],
-           reject_ids: Iterable[str]) -> "PriorRun":
-        """done: key -> prompt_hash (None when the row predates prompt hashes)."""
-        keys = list(done)
-        return cls.from_columns(keys, [done[k] for k in keys], failed, reject_ids)
-
-    @classmethod
-    def from_columns(cls, keys: Iterable[str], prompt_hashes: Iterable[Optional[str]],
-                     failed: Iterable[str], reject_ids: Iterable[str]) -> "PriorRun":
-        """From data/ columns (a key may repeat, one row per version), failures/ keys."""
-        d, p = digests_of(keys), digests_of(prompt_hashes)
-        done, first = np.unique(d, return_index=True)
-        f = np.unique(digests_of(failed))
-        f = f[~sorted_contains(done, f)[0]]  # failed once, done since: not open
-        return cls(done, p[first], f, set(reject_ids))
-
-
-@dataclass
 class Admission:
     """The pass's verdict, and what it saw on the way."""
 
@@ -176,14 +150,16 @@ def _content_id(prefix: str, text: str, rank: int) -> str:
 class _Pass:
     """State of one admission pass over the inputs."""
 
-    def __init__(self, prior: PriorRun, uris: list[str], write: Callable[[list], None]):
-        self.prior, self.uris, self.write = prior, uris, write
+    def __init__(self, index: RunIndex, uris: list[str], write: Callable[[list], None]):
+        self.uris, self.write = uris, write
+        self.done, self.done_prompts = index.done, index.done_prompts
+        self.failed, self.reject_ids = index.open_failed(), index.reject_ids
         self.seen = SeenKeys()  # keys the run does not hold yet
-        # Keys the run holds are tracked in place, aligned with prior.done: their first
+        # Keys the run holds are tracked in place, aligned with self.done: their first
         # ordinal (-1: not met yet) and count, 12 bytes a key instead of SeenKeys' 20
         # and its merges; at a resume of 10M held keys that is most of the pass's memory.
-        self.done_first = np.full(len(prior.done), -1, np.int64)
-        self.done_count = np.zeros(len(prior.done), np.uint32)
+        self.done_first = np.full(len(self.done), -1, np.int64)
+        self.done_count = np.zeros(len(self.done), np.uint32)
         self.chunk: list[tuple[int, str, Optional[str], str, int, str]] = []
         self.invalid_ranks: collections.Counter = collections.Counter()
         self.rejects, self.new_rejects, self.pending = 0, 0, []
@@ -191,7 +167,7 @@ class _Pass:
 
     def reject(self, record: dict[str, Any]) -> None:
         self.rejects += 1
-        if record["reject_id"] not in self.prior.reject_ids:
+        if record["reject_id"] not in self.reject_ids:
             self.new_rejects += 1
             self.pending.append(record)
             if len(self.pending) >= REJECT_PART_ROWS:
@@ -223,7 +199,7 @@ class _Pass:
             return
         ordinals = np.fromiter((r[0] for r in self.chunk), np.int64, len(self.chunk))
         digests = digests_of(r[1] for r in self.chunk)
-        held, pos = sorted_contains(self.prior.done, digests)
+        held, pos = sorted_contains(self.done, digests)
         met = self.done_first[pos] >= 0 if len(self.done_first) else np.zeros(len(pos), bool)
         known = np.where(held, met, self.seen.contains(digests))
         _, first = np.unique(digests, return_index=True)  # first index of each digest
@@ -263,15 +239,15 @@ class _Pass:
         digests, ordinals = self.seen.merged()  # none of them held by the run
         self.seen = SeenKeys()
         self.done_first, self.done_count = self.done_first[:0], self.done_count[:0]
-        in_failed, _ = sorted_contains(self.prior.failed, digests)
+        in_failed, _ = sorted_contains(self.failed, digests)
         go = in_failed if retry_failed else ~in_failed
         return AdmissionTable(digests[go], ordinals[go]), len(digests), int(in_failed.sum())
 
     def _check_edits(self, rows: np.ndarray, pos: np.ndarray) -> None:
         """rows: chunk rows meeting a held key for the first time; pos: their places in
-        prior.done."""
+        self.done."""
         for i in rows:
-            stored = self.prior.done_prompt[pos[i]]
+            stored = self.done_prompts[pos[i]]
             _, key, _, prompt_hash, _, _ = self.chunk[i]
             if stored and stored != key_digest(prompt_hash):
                 self.edited += 1
@@ -279,22 +255,23 @@ class _Pass:
                     self.edited_examples.append(key)
 
 
-def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
+def admit_inputs(inputs: list[Location], index: RunIndex, retry_failed: bool,
                  write_rejects: Callable[[list[dict[str, Any]]], None],
                  limit: Optional[int] = None, max_line_bytes: int = MAX_LINE_BYTES
                  ) -> Admission:
-    """The driver's one pass: validate, fingerprint, dedupe and decide every row.
+    """The driver's one pass: validate, fingerprint, dedupe and decide every row against
+    what ``index`` (the run's files) already holds.
 
     New rejects go to ``write_rejects`` in parts of at most REJECT_PART_ROWS as the
     pass finds them (each line cut to RAW_KEPT characters)."""
     uris = [loc.uri for loc in inputs]
-    state = _Pass(prior, uris, write_rejects)
+    state = _Pass(index, uris, write_rejects)
     total, prints = 0, []
-    for index, loc in enumerate(inputs):
+    for file_no, loc in enumerate(inputs):
         hasher, rows, complete = hashlib.sha256(), 0, True
         for line, raw, problem in iter_rows(loc, hasher, max_line_bytes):
             rows += 1
-            state.row(loc.uri, line, ordinal_of(index, line), raw, problem)
+            state.row(loc.uri, line, ordinal_of(file_no, line), raw, problem)
             if limit is not None and rows >= limit:
                 complete = False
                 break
@@ -306,7 +283,7 @@ def admit_inputs(inputs: list[Location], prior: PriorRun, retry_failed: bool,
     seen_bytes = state.nbytes
     held_in_input = state.held_met()
     table, new_keys, failed_open = state.table(retry_failed)
-    removed = 0 if limit is not None else len(prior.done) - held_in_input
+    removed = 0 if limit is not None else len(index.done) - held_in_input
     return Admission(
         table=table, total=total, valid_keys=new_keys + held_in_input, rejects=state.rejects,
         new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,

@@ -9,28 +9,35 @@ is up). The mode itself is chosen once, from the CLI flags (``RunMode.of_flags``
   the inputs (a pilot's config already points at its sample, jobs/runs/pilot.py);
   new rejects are written, the reject guard may stop the run.
 - continue: the truncated rows of data/ (jobs/runs/continuation.py), token-exactly.
+
+What the run already holds comes from one place, its run index (jobs/io/run_index.py),
+read once under the run's lease. ``dry_run`` says what a session would send, without
+Ray, a lease or a write.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
+import ray
 import ray.data
 
 from jobs.config import RunConfig
+from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
-from jobs.io.storage import Location
+from jobs.io import sources
+from jobs.io.storage import Location, locate, write_json_atomic
+from jobs.pipeline import chain as pipeline
+from jobs.pipeline.admission import Admission, admit_inputs, describe_changes, reject_writer
 from jobs.pipeline.settings import RunMode, StageSettings
+from jobs.runs import continuation
 from jobs.runs.errors import RunError
-from jobs.runs.preflight import RejectTally, reject_problem
-
-if TYPE_CHECKING:
-    from jobs.pipeline.admission import Admission
-    from jobs.runs.progress import InputCounts
-    from jobs.runs.run import RunState
+from jobs.runs.preflight import RejectTally, plan_text, reject_problem
+from jobs.runs.progress import InputCounts, ProgressTracker
 
 logger = logging.getLogger("raygen")
 
@@ -40,23 +47,31 @@ class Plan:
     total: int                                # input rows progress counts against
     expect_all: bool                          # every admitted row must end with a result
     build: Callable[[], ray.data.Dataset]     # called once Ray is up and engines deployed
-    counts: Optional["InputCounts"] = None    # what the input holds (the admission pass's)
+    counts: Optional[InputCounts] = None      # what the input holds (the admission pass's)
 
 
-def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
+def input_locations(cfg: RunConfig) -> list[Location]:
+    locs = [locate(uri, cfg.storage) for uri in cfg.job.input]
+    for loc in locs:
+        info = loc.fs.get_file_info(loc.path)
+        if info.type.name != "File":
+            raise RunError(f"job.input {loc.uri!r} does not exist (or is not a file)")
+    return locs
+
+
+def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
          mode: RunMode, stage: StageSettings) -> Plan:
     if mode.continues:
-        return continue_plan(cfg, store, inputs, state, mode, stage)
-    return admission_plan(cfg, store, inputs, state, mode, stage)
+        return continue_plan(cfg, store, inputs, index, mode, stage)
+    return admission_plan(cfg, store, inputs, index, mode, stage)
 
 
-def continue_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
+def continue_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
                   mode: RunMode, stage: StageSettings) -> Plan:
-    from jobs.runs import continuation
     total = input_total(store, inputs, cfg.job.limit)
     target = continuation.check_total(cfg, mode.continue_to)
-    wanted = continuation.to_continue(state.index, target, stage.settings_hash)
-    rows = continuation.rows_to_read(state.index, wanted)
+    wanted = continuation.to_continue(index, target, stage.settings_hash)
+    rows = continuation.rows_to_read(index, wanted)
     logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
     return Plan(total, expect_all=False,
                 build=lambda: continuation.build(cfg, store, rows, stage))
@@ -66,7 +81,6 @@ def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -
     """Rows of the inputs, each capped at job.limit: the count the admission pass
     recorded in inputs.json while the file keeps its size (no second pass over a large
     input), else counted now."""
-    from jobs.io.sources import count_rows
     recorded = {p["uri"]: p for p in (store.read_json("inputs.json") or {}).get("files", [])}
     cap = limit or 1 << 62
     total = 0
@@ -76,17 +90,13 @@ def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -
                 and (seen.get("sha256") or seen["rows"] >= cap)):  # counted whole, or to cap
             total += min(seen["rows"], cap)
         else:
-            total += min(count_rows(loc), cap)
+            total += min(sources.count_rows(loc), cap)
     return total
 
 
-def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
+def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
                    mode: RunMode, stage: StageSettings) -> Plan:
-    import ray
-
-    from jobs.pipeline import chain as pipeline
-    from jobs.pipeline.admission import reject_writer
-    check_settings(state, stage.settings_hash, stage.max_new_tokens, stage.run,
+    check_settings(index, stage.settings_hash, stage.max_new_tokens, stage.run,
                    stage.legacy_settings_hash)
     reject_parts: list[list[dict[str, Any]]] = []
     tally = RejectTally()
@@ -94,7 +104,7 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], stat
     def collect(part: list[dict[str, Any]]) -> None:
         tally.add(part)
         reject_parts.append(part)
-    admission = admit(cfg, store, inputs, state, mode.retry_failed, collect)
+    admission = admit(cfg, store, inputs, index, mode.retry_failed, collect)
     guard_rejects(cfg, store, admission, tally, reject_parts)
 
     def build() -> ray.data.Dataset:
@@ -107,15 +117,14 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], stat
         table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
         only = [ray.put(np.sort(admission.table.ordinals))]
         return pipeline.build(cfg, inputs, table, stage, only)
-    from jobs.runs.progress import InputCounts
     return Plan(admission.total, expect_all=True, build=build,
                 counts=InputCounts.of(admission))
 
 
-def check_settings(state: "RunState", settings_hash: str, budget: int, run: str,
+def check_settings(index: RunIndex, settings_hash: str, budget: int, run: str,
                    legacy_hash: Optional[str] = None) -> None:
     """Refuse to mix budgets or output settings inside one run (the story's bug)."""
-    others = {k: n for k, n in state.first_budgets.items() if k != (settings_hash, budget)}
+    others = {k: n for k, n in index.first_budgets.items() if k != (settings_hash, budget)}
     if not others:
         return
     (other_hash, other_budget), rows = max(others.items(), key=lambda kv: kv[1])
@@ -138,12 +147,10 @@ def check_settings(state: "RunState", settings_hash: str, budget: int, run: str,
         f"{budget}`; for different settings use a new job.run_name.")
 
 
-def guard_rejects(cfg: RunConfig, store: RunStore, admission: "Admission", tally: RejectTally,
+def guard_rejects(cfg: RunConfig, store: RunStore, admission: Admission, tally: RejectTally,
                   reject_parts: list[list[dict[str, Any]]]) -> None:
     """Stop before deploying when job.max_reject_fraction is exceeded: the rejects are
     written first (the operator reads why in rejects/), progress.json says failed."""
-    from jobs.pipeline.admission import reject_writer
-    from jobs.runs.progress import ProgressTracker
     if tally.total < admission.rejects:  # the rest were written by earlier sessions
         tally.add_known(store)
     problem = reject_problem(admission, cfg.job.max_reject_fraction, tally)
@@ -157,16 +164,12 @@ def guard_rejects(cfg: RunConfig, store: RunStore, admission: "Admission", tally
     raise RunError(problem)
 
 
-def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunState",
-          retry_failed: bool, write_rejects: Callable) -> "Admission":
+def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
+          retry_failed: bool, write_rejects: Callable) -> Admission:
     """The driver's admission pass (jobs/pipeline/admission.py); records the input fingerprints
     in <run>/inputs.json and says what changed since the last session."""
-    import time
-
-    from jobs.pipeline.admission import admit_inputs, describe_changes
-    from jobs.io.storage import write_json_atomic
     started = time.monotonic()
-    admission = admit_inputs(inputs, state.prior, retry_failed, write_rejects, cfg.job.limit,
+    admission = admit_inputs(inputs, index, retry_failed, write_rejects, cfg.job.limit,
                              cfg.job.max_line_bytes)
     for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
         logger.warning("%s", line)
@@ -176,3 +179,28 @@ def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], state: "RunSt
                 len(admission.table), admission.rejects, admission.new_rejects,
                 admission.table.nbytes, time.monotonic() - started)
     return admission
+
+
+def dry_run(cfg: RunConfig, mode: RunMode) -> tuple[dict[str, Any], str]:
+    """Validate config and input and say what a fresh or retry-failed session would
+    send: no Ray, no lease, no writes. Returns (counts, text); RunError when the run
+    would refuse."""
+    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+    inputs = input_locations(cfg)
+    index = RunIndex.open(store)
+    stage = StageSettings.of(cfg, mode)
+    check_settings(index, stage.settings_hash, stage.max_new_tokens, stage.run,
+                   stage.legacy_settings_hash)
+    tally = RejectTally()
+    retry_failed = mode.retry_failed
+    admission = admit_inputs(inputs, index, retry_failed, tally.add, cfg.job.limit,
+                             cfg.job.max_line_bytes)
+    if tally.total < admission.rejects:
+        tally.add_known(store)
+    text = plan_text(cfg, store, admission, tally, len(index.done),
+                     len(index.open_failed()), retry_failed)
+    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally, dry_run=True)
+    if problem:
+        raise RunError(f"{problem}\n{text}")
+    return {"total": admission.total, "rejected": admission.rejects,
+            "to_generate": len(admission.table)}, text

@@ -1,21 +1,41 @@
-"""Run a generation job end to end (called by jobs/generate.py after config checks)."""
+"""Run a generation job end to end (called by jobs/generate.py after config checks).
+
+``run_job`` is one session: take the run's lease, read its index (jobs/io/run_index.py,
+the resume state), plan what to send (jobs/runs/plans.py), claim and deploy the engines,
+then stream the dataset into the run with progress.json, the watchdog and the job's
+metrics around it, and end with the run's verdict and summary.
+"""
 
 from __future__ import annotations
 
+import _thread
 import logging
+import signal
+import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
+import ray
+
+from jobs.analysis.report import report_and_write
 from jobs.config import RunConfig
-from jobs.runs.errors import RunError
-from jobs.runs.preflight import RejectTally, plan_text, reject_problem
+from jobs.io.run_index import RunIndex, describe as describe_index
 from jobs.io.run_store import RunStore
-from jobs.io.storage import Location, locate
-
-if TYPE_CHECKING:
-    from jobs.io.run_index import RunIndex
-    from jobs.pipeline.admission import PriorRun
-    from jobs.pipeline.settings import RunMode
+from jobs.io.storage import is_local, storage_full, write_json_atomic
+from jobs.pipeline import chain as pipeline
+from jobs.pipeline.retry import CircuitOpen
+from jobs.pipeline.settings import RunMode, StageSettings
+from jobs.runs import plans
+from jobs.runs.context_check import check_context as run_check, describe as describe_check
+from jobs.runs.errors import RunError
+from jobs.runs.job_metrics import JobGauges, dashboard_url
+from jobs.runs.lease import LeaseHeld, RunLease, UnsafeStore
+from jobs.runs.progress import ProgressTracker
+from jobs.runs.provenance import record_session as record_provenance
+from jobs.runs.watchdog import Watchdog, diagnose
+from serve_apps.app import deploy_or_attach, deployed_engine_hash
+from serve_apps.app_claims import AppInUse, claim_app
 
 logger = logging.getLogger("raygen")
 
@@ -25,33 +45,6 @@ class Summary:
     status: str
     progress: dict[str, Any]
     text: str
-
-
-@dataclass
-class RunState:
-    """What the run's own files already hold (the only resume state there is)."""
-
-    prior: "PriorRun"  # done / open failed keys as digests, known reject ids
-    first_budgets: dict[tuple[str, int], int]  # (settings_hash, first budget) -> rows
-    index: Optional["RunIndex"] = None  # what they were read from; progress goes on from it
-
-    @classmethod
-    def read(cls, store: RunStore) -> "RunState":
-        from jobs.io.run_index import RunIndex
-        from jobs.pipeline.admission import PriorRun
-        index = RunIndex.open(store)
-        prior = PriorRun(done=index.done, done_prompt=index.latest["prompt"],
-                         failed=index.open_failed(), reject_ids=set(index.reject_ids))
-        return cls(prior=prior, first_budgets=dict(index.first_budgets), index=index)
-
-
-def input_locations(cfg: RunConfig) -> list[Location]:
-    locs = [locate(uri, cfg.storage) for uri in cfg.job.input]
-    for loc in locs:
-        info = loc.fs.get_file_info(loc.path)
-        if info.type.name != "File":
-            raise RunError(f"job.input {loc.uri!r} does not exist (or is not a file)")
-    return locs
 
 
 def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
@@ -64,7 +57,7 @@ def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
     return None
 
 
-def summary_text(store: RunStore, index: "RunIndex", snap: dict[str, Any]) -> str:
+def summary_text(store: RunStore, index: RunIndex, snap: dict[str, Any]) -> str:
     # a continued row counts once, as its latest version
     mix = ", ".join(f"{r}={n}" for r, n in index.finish_counts().items()) or "none"
     return "\n".join([
@@ -93,9 +86,8 @@ def _session_rows(snap: dict[str, Any]) -> str:
     return f"{rows} rows written" + (f" ({', '.join(parts)})" if parts else "")
 
 
-def _report(store: RunStore, index: "RunIndex") -> str:
+def _report(store: RunStore, index: RunIndex) -> str:
     """End-of-run report (report.md/json/png); a report problem never fails the run."""
-    from jobs.analysis.report import report_and_write
     try:
         report_and_write(store, index=index)
     except Exception as exc:  # noqa: BLE001
@@ -111,10 +103,6 @@ _STOP_HOOKS: list[Callable[[], None]] = []
 
 def _init_ray(stop_exc: type) -> None:
     """Connect to Ray, then take SIGTERM back: `ray job stop` must end in "stopped"."""
-    import signal
-    import threading
-
-    import ray
     ray.init(ignore_reinit_error=True)
     if threading.current_thread() is threading.main_thread():
         def _stop(*_):  # ray.init installs its own handler, which fails the dataset
@@ -138,9 +126,6 @@ def local_output_problem(output_is_local: bool, alive_nodes: int, shared: bool) 
 
 
 def check_output_reachable(store: RunStore, cfg: RunConfig) -> None:
-    import ray
-
-    from jobs.io.storage import is_local
     alive = sum(1 for node in ray.nodes() if node.get("Alive"))
     problem = local_output_problem(is_local(store.root), alive, cfg.storage.shared_local_output)
     if problem:
@@ -149,7 +134,6 @@ def check_output_reachable(store: RunStore, cfg: RunConfig) -> None:
 
 def take_lease(store: RunStore, cfg: RunConfig):
     """The run's lease, or RunError naming the live job that holds it."""
-    from jobs.runs.lease import LeaseHeld, RunLease, UnsafeStore
     try:
         return RunLease(store, cfg.job.lease_timeout_s).acquire()
     except (LeaseHeld, UnsafeStore) as exc:
@@ -159,8 +143,6 @@ def take_lease(store: RunStore, cfg: RunConfig):
 def claim_engines(cfg: RunConfig, store: RunStore):
     """This run's claim on its Serve app (serve_apps/app_claims.py), or RunError naming
     the live run whose engines it would replace."""
-    from serve_apps.app import deployed_engine_hash
-    from serve_apps.app_claims import AppInUse, claim_app
     try:
         return claim_app(cfg.serve.app_name, store.uri, deployed_engine_hash(cfg.engine),
                          cfg.job.lease_timeout_s)
@@ -175,78 +157,47 @@ def engine_context_length(handle, cfg: RunConfig) -> int:
     return int(reported or cfg.engine.context_length)
 
 
-def run_job(cfg: RunConfig, mode: "RunMode", stop_exc: type,
+def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
             check_context: bool = False) -> Summary:
     """One session of the run in ``mode`` (jobs/runs/plans.py says what each mode sends)."""
-    import time
-
-    from jobs.io.run_index import describe as describe_index
-    from jobs.pipeline.settings import StageSettings
-    from jobs.runs import plans
-    from jobs.runs.provenance import record_session as record_provenance
-    from serve_apps.app import deploy_or_attach
-
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
-    inputs = input_locations(cfg)
+    inputs = plans.input_locations(cfg)
     if check_context:
-        from jobs.runs.context_check import check_context as run_check, describe
         _init_ray(stop_exc)
         with claim_engines(cfg, store):
             handle = deploy_or_attach(cfg.engine, cfg.serve)
             report = run_check(cfg, store, inputs, engine_context_length(handle, cfg))
-        return Summary("succeeded", report, describe(report))
+        return Summary("succeeded", report, describe_check(report))
     stage = StageSettings.of(cfg, mode)
     lease = take_lease(store, cfg)  # before the run's state is read or anything written
     try:
         started = time.monotonic()
-        state = RunState.read(store)
+        index = RunIndex.open(store)  # the resume state: what the run's files hold
         logger.info("run index read in %.1f s: %s", time.monotonic() - started,
-                    describe_index(state.index))
-        plan = plans.plan(cfg, store, inputs, state, mode, stage)
+                    describe_index(index))
+        plan = plans.plan(cfg, store, inputs, index, mode, stage)
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
         with claim_engines(cfg, store):
             handle = deploy_or_attach(cfg.engine, cfg.serve)
             record_provenance(cfg, store, mode, handle)  # <run>/provenance.json, changes logged
             return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
-                            expect_all=plan.expect_all, index=state.index, counts=plan.counts)
+                            expect_all=plan.expect_all, index=index, counts=plan.counts)
     finally:
         lease.release()
 
 
-def dry_run(cfg: RunConfig, mode: "RunMode") -> Summary:
-    """Validate config and input and say what a fresh or retry-failed session would
-    send: no Ray, no lease, no writes."""
-    from jobs.pipeline.admission import admit_inputs
-    from jobs.pipeline.settings import StageSettings
-    from jobs.runs.plans import check_settings
-    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
-    inputs = input_locations(cfg)
-    state = RunState.read(store)
-    stage = StageSettings.of(cfg, mode)
-    check_settings(state, stage.settings_hash, stage.max_new_tokens, stage.run,
-                   stage.legacy_settings_hash)
-    tally = RejectTally()
-    retry_failed = mode.retry_failed
-    admission = admit_inputs(inputs, state.prior, retry_failed, tally.add, cfg.job.limit,
-                             cfg.job.max_line_bytes)
-    if tally.total < admission.rejects:
-        tally.add_known(store)
-    text = plan_text(cfg, store, admission, tally, len(state.prior.done),
-                     len(state.prior.failed), retry_failed)
-    problem = reject_problem(admission, cfg.job.max_reject_fraction, tally, dry_run=True)
-    if problem:
-        raise RunError(f"{problem}\n{text}")
-    return Summary("succeeded", {"total": admission.total, "rejected": admission.rejects,
-                                 "to_generate": len(admission.table)}, text)
+def dry_run(cfg: RunConfig, mode: RunMode) -> Summary:
+    """What a fresh or retry-failed session would send (jobs/runs/plans.py): no Ray,
+    no lease, no writes."""
+    counts, text = plans.dry_run(cfg, mode)
+    return Summary("succeeded", counts, text)
 
 
 def _classify_failure(exc: BaseException, stop_exc: type) -> tuple[str, Optional[str]]:
     """(status, error message): a wrapped stop signal is a stop, not a failure."""
-    from jobs.pipeline.retry import CircuitOpen
     if find_cause(exc, stop_exc) or find_cause(exc, KeyboardInterrupt):
         return "stopped", None
-    from jobs.io.storage import storage_full
     breaker, full = find_cause(exc, CircuitOpen), storage_full(exc)
     if full is not None:
         error = (f"output storage is full: {full}. Every row written so far is durable and "
@@ -275,9 +226,6 @@ def verdict(snap: dict[str, Any], expect_all: bool) -> tuple[str, Optional[str]]
 
 def _write_status_now(progress, status: str) -> None:
     """progress.json with the final status at once, from the last counts (no rescan)."""
-    import time
-
-    from jobs.io.storage import write_json_atomic
     progress.status = status  # the progress thread's next write says it too
     if progress.last is not None and not progress.fence():  # fenced: not ours to write
         write_json_atomic(progress.store.loc("progress.json"),
@@ -286,19 +234,11 @@ def _write_status_now(progress, status: str) -> None:
 
 def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
              build: Callable, lease=None, expect_all: bool = True,
-             index: Optional["RunIndex"] = None, counts=None) -> Summary:
+             index: Optional[RunIndex] = None, counts=None) -> Summary:
     """Stream the dataset into the run, with progress.json around it."""
-    import time
-
-    from jobs.pipeline import chain as pipeline
-    from jobs.runs.job_metrics import JobGauges, dashboard_url
-    from jobs.runs.progress import ProgressTracker
-    from jobs.runs.watchdog import Watchdog, diagnose
-
     stalled: dict[str, str] = {}
 
     def on_stall(silent_s: float, limit_s: float) -> None:  # in the progress thread
-        import _thread
         stage = diagnose(cfg.serve.app_name, cfg.serve.deployment_name, limit_s)
         stalled["reason"] = (f"stalled: no row became durable for {silent_s:.0f} s (the "
                              f"watchdog's limit: {limit_s:.0f} s, job.stall_factor/"
@@ -311,7 +251,6 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     fenced: dict[str, str] = {}
 
     def on_fence(reason: str) -> None:  # in the lease's thread: stop dispatching
-        import _thread
         fenced["reason"] = reason
         if not stalled:  # else the main thread was interrupted already (a second
             _thread.interrupt_main()  # interrupt would land in its clean-up)

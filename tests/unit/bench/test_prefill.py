@@ -13,7 +13,7 @@ from jobs.io.run_store import RunStore
 from jobs.io.storage import locate
 from jobs.pipeline.admission import admit_inputs
 from jobs.runs.plans import check_settings
-from jobs.runs.run import RunState
+from jobs.io.run_index import RunIndex
 
 HELD, NEW = 600, 40
 
@@ -30,11 +30,11 @@ def test_prefilled_run_resumes_to_exactly_the_new_rows(tmp_path):
     store = RunStore(str(run), StorageConfig())
     assert len(store.part_paths("data")) == -(-HELD // ROWS_PER_PART)
 
-    state = RunState.read(store)
-    assert len(state.prior.done) == HELD
-    check_settings(state, sh, cfg.job.max_new_tokens, "scale-unit")  # raises on a mismatch
+    index = RunIndex.open(store)
+    assert len(index.done) == HELD
+    check_settings(index, sh, cfg.job.max_new_tokens, "scale-unit")  # raises on a mismatch
     full = input_file(tmp_path, HELD + NEW)
-    admission = admit_inputs([locate(str(full), StorageConfig())], state.prior, False,
+    admission = admit_inputs([locate(str(full), StorageConfig())], index, False,
                              lambda part: None)
     assert (admission.total, len(admission.table), admission.edited) == (HELD + NEW, NEW, 0)
 

@@ -18,7 +18,7 @@ from jobs.analysis import status
 from jobs.config import StorageConfig
 from jobs.runs.progress import ProgressTracker
 from jobs.pipeline.admission import key_digest
-from jobs.runs.run import RunState
+from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from tests.support.run_rows import failure_row, make_row, write_rows
 
@@ -66,9 +66,9 @@ def _assert_quarantined(store: RunStore, tmp_path, damage: dict[str, str]) -> No
 
 def test_resume_state_skips_damaged_parts(tmp_path):
     store, damage = damaged_run(tmp_path)
-    state = RunState.read(store)
+    index = RunIndex.open(store)
     # the damaged parts' rows are not done
-    assert sorted(state.prior.done.tolist()) == sorted(key_digest(k) for k in GOOD_KEYS)
+    assert sorted(index.done.tolist()) == sorted(key_digest(k) for k in GOOD_KEYS)
     _assert_quarantined(store, tmp_path, damage)
 
 

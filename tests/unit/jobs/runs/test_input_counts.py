@@ -16,7 +16,7 @@ from jobs.io.run_store import RunStore
 from jobs.io.storage import locate
 from jobs.pipeline.admission import admit_inputs, reject_writer
 from jobs.runs.progress import InputCounts, ProgressTracker
-from jobs.runs.run import RunState
+from jobs.io.run_index import RunIndex
 from tests.support.run_rows import make_row, write_rows
 
 GOOD = [json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]})
@@ -25,11 +25,11 @@ GOOD = [json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{
 
 def session(store: RunStore, path, lines: list[str]) -> tuple[dict, InputCounts]:
     path.write_text("\n".join(lines) + "\n")
-    state = RunState.read(store)
-    admission = admit_inputs([locate(str(path), StorageConfig())], state.prior, False,
+    index = RunIndex.open(store)
+    admission = admit_inputs([locate(str(path), StorageConfig())], index, False,
                              reject_writer(store))
     counts = InputCounts.of(admission)
-    tracker = ProgressTracker(store, admission.total, "r", "m", 60, index=state.index,
+    tracker = ProgressTracker(store, admission.total, "r", "m", 60, index=index,
                               counts=counts)
     return tracker.start().stop("running"), counts
 

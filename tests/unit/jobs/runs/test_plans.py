@@ -14,7 +14,8 @@ from jobs.io.run_store import RunStore
 from jobs.pipeline.settings import RunMode, StageSettings
 from jobs.runs import plans
 from jobs.runs.errors import RunError
-from jobs.runs.run import RunState, input_locations
+from jobs.io.run_index import RunIndex
+from jobs.runs.plans import input_locations
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -32,7 +33,7 @@ def _setup(tmp_path: Path, n: int = 3):
 
 
 def _plan(cfg, store, inputs, mode: RunMode) -> plans.Plan:
-    return plans.plan(cfg, store, inputs, RunState.read(store), mode,
+    return plans.plan(cfg, store, inputs, RunIndex.open(store), mode,
                       StageSettings.of(cfg, mode))
 
 
@@ -78,3 +79,25 @@ def test_continuation_and_the_plans_do_not_import_the_run_module():
     # continuation used to import jobs.runs.run (RunError) while run imported continuation
     for module in ("jobs.runs.continuation", "jobs.runs.plans"):
         assert not {"jobs.runs.run", "jobs.runs.run.RunError"} & _runtime_imports(module), module
+
+
+def test_the_plans_and_the_run_module_import_at_the_top_only():
+    # They used to hide ~25 imports in functions (run.py <-> plans.py went in a circle
+    # through RunState): an import error then surfaced mid-session, after the lease.
+    for module in ("jobs.runs.run", "jobs.runs.plans"):
+        tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+        hidden = [f"{module}:{node.lineno}" for fn in ast.walk(tree)
+                  if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
+        assert not hidden, hidden
+        assert "TYPE_CHECKING" not in (ROOT / (module.replace(".", "/") + ".py")).read_text()
+
+
+def test_admission_and_the_plans_read_the_run_index_itself():
+    # one resume state: no copy of the index's digests under another type
+    import jobs.pipeline.admission as admission
+    import jobs.runs.run as run
+    assert not hasattr(admission, "PriorRun") and not hasattr(run, "RunState")
+    index = RunIndex.holding({"a": None, "b": "sha256:x"}, failed=["a", "f"], reject_ids=["r"])
+    assert len(index.done) == 2 and len(index.open_failed()) == 1  # "a" is done since
+    assert index.reject_ids == {"r"}

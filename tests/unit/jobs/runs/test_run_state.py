@@ -1,4 +1,4 @@
-"""jobs.runs.run.RunState: the resume state read from a run's files, including parts
+"""RunIndex.open as the resume state: what admission reads from a run's files, including parts
 written before prompt_hash / reject_id existed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from jobs.pipeline.admission import key_digest
 from jobs.config import StorageConfig
-from jobs.runs.run import RunState
+from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA, FAILURES, REJECTS
 
@@ -44,15 +44,14 @@ def test_state_from_old_and_new_parts(tmp_path):
           "part-r-old.parquet", drop=("reject_id",))
     write(store, "rejects", REJECTS, [{"source": "p.jsonl", "line": 4, "reject_id": "raw:z#1",
                                        "rejected_at": T0}], "part-r-new.parquet")
-    state = RunState.read(store)
-    prior = state.prior
-    assert sorted(prior.done.tolist()) == sorted([key_digest("a"), key_digest("b")])
-    by_key = dict(zip(prior.done.tolist(), prior.done_prompt.tolist()))
+    index = RunIndex.open(store)
+    assert sorted(index.done.tolist()) == sorted([key_digest("a"), key_digest("b")])
+    by_key = dict(zip(index.done.tolist(), index.done_prompts.tolist()))
     assert by_key[key_digest("a")] == 0 and by_key[key_digest("b")] == key_digest("sha256:x")
-    assert prior.failed.tolist() == [key_digest("f")]  # "a" failed once, then done
-    assert prior.reject_ids == {"p.jsonl:3", "raw:z#1"}
-    assert state.first_budgets == {("h", 64): 3}
-    assert np.all(prior.done[1:] > prior.done[:-1])  # sorted, unique
+    assert index.open_failed().tolist() == [key_digest("f")]  # "a" failed once, then done
+    assert index.reject_ids == {"p.jsonl:3", "raw:z#1"}
+    assert index.first_budgets == {("h", 64): 3}
+    assert np.all(index.done[1:] > index.done[:-1])  # sorted, unique
     assert not store.part_paths("quarantine")  # a later column's absence is not damage
     assert len(store.part_paths("data")) == 2
 

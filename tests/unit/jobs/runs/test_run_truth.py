@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.pipeline.admission import PriorRun
+from jobs.io.run_index import RunIndex
 from jobs.config import parse_config
 from jobs.pipeline.settings import StageSettings
 from jobs.runs.plans import check_settings
-from jobs.runs.run import RunError, RunState, local_output_problem, verdict
+from jobs.runs.run import RunError, local_output_problem, verdict
 
 BASE = {"engine": {"kind": "simulator", "model_path": "sim-m", "context_length": 16384},
         "job": {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r",
@@ -42,12 +42,13 @@ def test_settings_hash_ignores_throughput_settings():
 
 def test_rows_of_the_older_hash_are_refused_with_a_clear_message():
     stage = StageSettings.of(parse_config(BASE))
-    empty = PriorRun.of({}, [], [])
-    state = RunState(prior=empty, first_budgets={(stage.legacy_settings_hash, 4096): 12})
+    index = RunIndex.holding({})
+    index.first_budgets.update({(stage.legacy_settings_hash, 4096): 12})
     with pytest.raises(RunError, match="older raygen.*12 rows|12 rows from an older raygen"):
-        check_settings(state, stage.settings_hash, 4096, "r", stage.legacy_settings_hash)
-    check_settings(RunState(empty, {(stage.settings_hash, 4096): 3}),
-                   stage.settings_hash, 4096, "r", stage.legacy_settings_hash)  # same: ok
+        check_settings(index, stage.settings_hash, 4096, "r", stage.legacy_settings_hash)
+    same = RunIndex.holding({})
+    same.first_budgets.update({(stage.settings_hash, 4096): 3})
+    check_settings(same, stage.settings_hash, 4096, "r", stage.legacy_settings_hash)  # ok
 
 
 def test_verdict_needs_every_prompt_answered_and_something_generated():
