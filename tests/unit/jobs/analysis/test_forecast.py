@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from jobs.analysis import forecast as F
 from tests.support.run_rows import censor, lognormal_lengths
@@ -51,6 +53,31 @@ def test_mle_maximises_the_exact_likelihood():
     best = exact_loglik(mu[0], sigma[0], y, c)
     for dm, ds in [(0.01, 0), (-0.01, 0), (0, 0.01), (0, -0.01), (0.005, 0.005)]:
         assert exact_loglik(mu[0] + dm, sigma[0] + ds, y, c) < best
+
+
+def test_mle_equals_scipys_censored_fit():
+    """scipy's censored MLE (one problem, by its optimizer) is the reference; the Newton
+    fit (kept for the vectorised bootstrap) reaches it, with two censoring points."""
+    lengths = lognormal_lengths(3000, MEDIAN, SIGMA, seed=11)
+    budgets = np.where(np.arange(lengths.size) % 3 == 0, 2500, CAP)
+    cut = lengths > budgets
+    y = np.log(np.minimum(lengths, budgets)).astype(float)
+    ref = stats.norm.fit(stats.CensoredData(uncensored=y[~cut], right=y[cut]))
+    u, (points, counts) = y[~cut], np.unique(y[cut], return_counts=True)
+    mu, sigma = F.fit_censored([u.size], [u.sum()], [(u ** 2).sum()], [counts], points)
+    assert (mu[0], sigma[0]) == pytest.approx(ref, abs=1e-4)
+    # scipy's optimizer stops within its tolerance; Newton's optimum is at least as good.
+    assert (exact_loglik(mu[0], sigma[0], u, y[cut])
+            >= exact_loglik(*ref, u, y[cut]) - 1e-9)
+
+
+def test_kaplan_meier_where_every_row_finished():
+    """S reaches 0 after the longest row: the band is [0, 0], not Greenwood's 0/0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        km = F.kaplan_meier(np.array([1.0, 2.0, 3.0]), np.zeros(3, bool), [2, 5, 6], 5)
+    assert km[1] == (0.0, 0.0, 0.0, 2.0) and km[2] is None
+    assert km[0][0] == pytest.approx(1 / 3) and km[0][1] == 0.0 < km[0][2] < 1.0
 
 
 def test_recovers_known_lognormal_from_censored_sample():
