@@ -5,6 +5,7 @@
         [--max-repetition-ratio R] [--max-length N] [--category C ...] [--config FILE]
         [--extra-columns accept_length,category]
         [--check-template TOKENIZER [--max-template-mismatch SHARE] [--allow-template-mismatch]]
+        [--incremental]
 
 writes URI/part-00000.jsonl ... and URI/export.manifest (JSON: what was written, what
 each filter dropped). Formats, one record per kept row:
@@ -24,7 +25,8 @@ the types from the first shard and fails on a later string where it saw only nul
 --extra-columns appends the rows' accept_length / category to every record
 (extra_columns.py); --check-template re-renders conversations/messages records as the
 trainers do and refuses an export whose ids differ from the sampled ones
-(template_check.py).
+(template_check.py). --incremental exports only what is new since the last such call,
+also while the run goes on (incremental_export.py; its journal: export_journal.py).
 
 Design decisions:
 - Streaming: finalize.pick_latest picks each key's latest version from the run index
@@ -58,7 +60,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contract.thinking import THINK_END, THINK_START
-from jobs.analysis import extra_columns, template_check, token_yield
+from jobs.analysis import export_journal, extra_columns, template_check, token_yield
 from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
 from jobs.analysis.template_check import TemplateCheck, TemplateCheckError, render_lines
 from jobs.io.run_index import read_latest
@@ -226,8 +228,9 @@ class ShardWriter:
     """Appends records to the current shard and cuts part-NNNNN files as it fills."""
 
     def __init__(self, out: Location, fmt: str, file_type: str, rows_per_file: int,
-                 extras: tuple[str, ...] = ()):
+                 extras: tuple[str, ...] = (), prefix: str = "part-"):
         self.out, self.fmt, self.file_type, self.rows_per_file = out, fmt, file_type, rows_per_file
+        self.prefix = prefix  # an incremental batch's shards: export_journal.shard_prefix
         self.schema = extra_columns.schema(PARQUET_SCHEMAS[fmt], extras)  # + --extra-columns
         self.files: list[dict[str, Any]] = []
         self._lines: list[bytes] = []              # jsonl: encoded lines
@@ -275,7 +278,7 @@ class ShardWriter:
             buf = io.BytesIO()
             pq.write_table(pa.concat_tables(self._tables), buf, compression="zstd")
             data = buf.getvalue()
-        name = f"part-{len(self.files):05d}.{self.file_type}"
+        name = f"{self.prefix}{len(self.files):05d}.{self.file_type}"
         write_bytes_atomic(self.out.join(name), data)
         self.files.append({"name": name, "rows": self._rows, "bytes": len(data),
                            "sha256": hashlib.sha256(data).hexdigest()})
@@ -283,6 +286,56 @@ class ShardWriter:
 
 
 # --- the export ----------------------------------------------------------------------
+
+class ExportPass:
+    """The rows read, filtered, tallied and written to shards: what a full export and
+    an incremental batch (incremental_export.py) share."""
+
+    def __init__(self, writer: ShardWriter, fmt: str, filters: Filters,
+                 extras: tuple[str, ...], template: Optional[TemplateCheck],
+                 yields: Optional[token_yield.YieldTally]):
+        self.writer, self.fmt, self.filters, self.extras = writer, fmt, filters, extras
+        self.template, self.yields = template, yields
+        self.dropped: dict[str, int] = {}
+        self.flagged: dict[str, int] = {}  # integrity flag -> rows read that carry it
+
+    def add(self, part: pa.Table) -> pa.Table:
+        """Filter and write one part's latest rows; returns the rows kept."""
+        tally_flags(row_flags(part), self.flagged)
+        kept = self.filters.apply(part, self.dropped)
+        if self.yields is not None:  # --trainer-max-length: the rows written, the run's clock
+            self.yields.add(part, kept)
+        if self.template is not None:  # the rows written, after every filter
+            self.template.add(kept, chat_turns)
+        if self.fmt == "pretokenized" and self.writer.file_type == "jsonl":
+            self.writer.add_lines(extra_columns.lines(pretokenized_lines(kept), kept,
+                                                      self.extras))
+        else:
+            self.writer.add(extra_columns.record(RECORDS[self.fmt](row), row, self.extras)
+                            for row in kept.to_pylist())
+        return kept
+
+    def fields(self, store: RunStore) -> dict[str, Any]:
+        """The manifest fields of what was read and written."""
+        return {
+            "dropped": dict(self.dropped),
+            "integrity_flags": dict(sorted(self.flagged.items())),  # of the rows read
+            "filters": {**self.filters.__dict__, "categories": list(self.filters.categories)},
+            "extra_columns": list(self.extras),
+            "template_check": self.template.report() if self.template is not None else None,
+            "token_yield": self.yields.result() if self.yields is not None else None,
+            "provenance": store.read_json("provenance.json"),  # jobs/runs/provenance.py
+        }
+
+
+def read_columns(fmt: str, extras: tuple[str, ...], trainer_max_length: Optional[int]
+                 ) -> tuple[list[str], Optional[token_yield.YieldTally]]:
+    """The data columns an export reads, and the --trainer-max-length tally."""
+    columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
+    columns += extra_columns.read_columns(extras, columns)
+    yields, yield_columns = token_yield.export_tally(trainer_max_length, columns)
+    return columns + yield_columns, yields
+
 
 def output_location(store: RunStore, out_uri: str) -> Location:
     """Where to write; never into the run's own folders (their readers would see it)."""
@@ -318,6 +371,9 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         raise ExportError(template_check.PRETOKENIZED)
     started = time.monotonic()
     out = output_location(store, out_uri)
+    if export_journal.has_journal(out):
+        raise ExportError(f"{out.uri} holds an incremental export (batch-*.manifest): "
+                          f"continue it with --incremental, or export to another --out")
     try:
         check_not_running(store, force)
     except FinalizeError:
@@ -331,28 +387,14 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         out.fs.delete_file(out.join(MANIFEST).path)
     except FileNotFoundError:
         pass
-    columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
-    columns += extra_columns.read_columns(extras, columns)
-    yields, yield_columns = token_yield.export_tally(trainer_max_length, columns)
-    columns += yield_columns
-    writer, dropped, damaged = ShardWriter(out, fmt, file_type, rows_per_file, extras), {}, {}
-    flagged: dict[str, int] = {}  # integrity flag -> rows read that carry it
+    columns, yields = read_columns(fmt, extras, trainer_max_length)
+    writer, damaged = ShardWriter(out, fmt, file_type, rows_per_file, extras), {}
+    rows_pass = ExportPass(writer, fmt, filters, extras, template, yields)
     for path, part, expected in read_latest(store, picks.index, columns, verify=True):
         if part.num_rows < expected:  # damaged: quarantined by the read
             damaged[path] = expected - part.num_rows
-        if not part.num_rows:
-            continue
-        tally_flags(row_flags(part), flagged)
-        kept = filters.apply(part, dropped)
-        if yields is not None:  # --trainer-max-length: the rows written, the run's clock
-            yields.add(part, kept)
-        if template is not None:  # the rows written, after every filter
-            template.add(kept, chat_turns)
-        if fmt == "pretokenized" and file_type == "jsonl":
-            writer.add_lines(extra_columns.lines(pretokenized_lines(kept), kept, extras))
-        else:
-            writer.add(extra_columns.record(RECORDS[fmt](row), row, extras)
-                       for row in kept.to_pylist())
+        if part.num_rows:
+            rows_pass.add(part)
     writer.cut()
     if damaged:  # no manifest: the folder reads as incomplete
         raise ExportError(f"run {store.uri}: {damage_note(damaged)}. Rerun the job, then "
@@ -369,13 +411,7 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         "rows": rows, "files": writer.files,
         "data_rows": picks.data_rows, "keys": picks.keys,
         "older_versions_skipped": picks.data_rows - picks.keys,
-        "dropped": {name: n for name, n in dropped.items()},
-        "integrity_flags": dict(sorted(flagged.items())),  # of the rows read, kept or not
-        "filters": {**filters.__dict__, "categories": list(filters.categories)},
-        "extra_columns": list(extras),
-        "template_check": template.report() if template is not None else None,
-        "token_yield": yields.result() if yields is not None else None,
-        "provenance": store.read_json("provenance.json"),  # jobs/runs/provenance.py
+        **rows_pass.fields(store),
         "elapsed_s": round(elapsed, 3), "rows_per_s": round(rows / max(elapsed, 1e-9), 1),
     }
     write_json_atomic(out.join(MANIFEST), manifest)
@@ -426,6 +462,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "in the manifest")
     parser.add_argument("--force", action="store_true",
                         help="export even though progress.json says the run is running")
+    parser.add_argument("--incremental", action="store_true",
+                        help="export only the rows new since the last --incremental call "
+                             "to --out (also while the run goes on): one batch of shards "
+                             "+ batch-NNNNN.manifest per call; later versions supersede "
+                             "earlier records (README: Export while generating)")
     parser.add_argument("--trainer-max-length", type=token_yield.parse_length, default=None,
                         metavar="N", help="the drafter trainer's max length (prompt + "
                         "output tokens): the manifest's token_yield says, per category, the "
@@ -467,10 +508,17 @@ def run(args: argparse.Namespace) -> int:
     store = open_args(args)
     require_run(store)
     try:
+        if args.incremental:
+            from jobs.analysis import incremental_export
+            batch = incremental_export.export_incremental(
+                store, args.out, args.format, filters, args.file_type, args.rows_per_file,
+                extras, template, trainer_max_length=args.trainer_max_length)
+            print(incremental_export.render(batch, args.out))
+            return 0
         manifest = export(store, args.out, args.format, filters, args.file_type,
                           args.rows_per_file, args.force, extras, template,
                           trainer_max_length=args.trainer_max_length)
-    except ExportError as exc:
+    except (ExportError, export_journal.JournalError) as exc:
         fail(str(exc))
     except OSError as exc:  # unreachable endpoint, no bucket, no permission
         fail(f"export of {store.uri} to {args.out} failed: {' '.join(str(exc).split())}")

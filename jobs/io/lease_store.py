@@ -201,8 +201,14 @@ def _version(holder: dict) -> str:
 
 
 def lease_backend(store) -> Any:
-    loc = store.loc(LEASE_FILE)
-    return _LocalLease(loc) if is_local(loc) else _S3Lease(loc, store.storage)
+    return conditional_object(store.loc(LEASE_FILE), store.storage)
+
+
+def conditional_object(loc: Location, storage) -> Any:
+    """The lease's conditional writes on any JSON object (read, create, replace-if-
+    version, delete; LeaseConflict); the export lock (jobs/analysis/export_journal.py)
+    is one. A local object's version is its body's token and renewed_at."""
+    return _LocalLease(loc) if is_local(loc) else _S3Lease(loc, storage)
 
 
 def read_holder(store) -> Optional[Holder]:

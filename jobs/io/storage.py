@@ -214,6 +214,38 @@ def s3_client(storage: StorageConfig) -> Any:
     return _BOTO_CLIENTS[key]
 
 
+class AlreadyExists(Exception):
+    """create_exclusive found the object there already."""
+
+
+def create_exclusive(loc: Location, data: bytes, storage: StorageConfig) -> None:
+    """Write an object only if none is there (raises AlreadyExists): S3 PutObject with
+    If-None-Match: * (412 when it exists; AWS since 2024, moto 5.x); locally a fsynced
+    temp file hard-linked to the name (link(2) fails on an existing name, and a reader
+    never sees a half-written file, which an O_EXCL create then write would show)."""
+    if not is_local(loc):
+        from botocore.exceptions import ClientError
+        bucket, _, key = loc.path.partition("/")
+        try:
+            s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412):
+                raise AlreadyExists(loc.uri) from None
+            raise
+        return
+    parent, name = os.path.split(loc.path)
+    tmp = os.path.join(parent, f".{name}.new-{uuid.uuid4().hex}")
+    write_local_durably(tmp, data)
+    try:
+        os.link(tmp, loc.path)
+    except FileExistsError:
+        raise AlreadyExists(loc.uri) from None
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(parent)
+
+
 def read_bytes(loc: Location) -> Optional[bytes]:
     try:
         with loc.fs.open_input_stream(loc.path) as inp:
