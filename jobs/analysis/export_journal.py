@@ -63,7 +63,8 @@ LOCK = "export.lock"
 LOCK_RENEW_S = 30.0     # renewed at most this often while a call runs
 LOCK_STALE_S = 600.0    # unrenewed this long (the store's clock): its call is gone
 BATCH_MANIFEST = re.compile(r"^batch-(\d{5})\.manifest$")
-OWN_FILE = re.compile(r"^(part-b\d{5}-[0-9a-f]+-\d{5}\.(jsonl|parquet)|batch-\d{5}-[0-9a-f]+\.keys)$")
+OWN_FILE = re.compile(r"^(part-b\d{5}-[0-9a-f]+-\d{5}\.(jsonl|parquet)"
+                      r"|batch-\d{5}-[0-9a-f]+\.keys)$")  # a batch's files, by their names
 KEYS_SCHEMA = pa.schema([("digest", pa.uint64()), ("version", pa.int32()),
                          ("created_ms", pa.int64()), ("written", pa.bool_())])
 # The options every batch of one export shares: a later call with others would mix
