@@ -7,7 +7,8 @@ whole (part first: a crash in between leaves a part without a sidecar, which the
 index rebuilds from the part and writes back; the part is the truth). Columns, one row
 per part row in the part's order:
 
-- data:     digest (uint64 of the key, jobs/io/digests.py), version, created_ms,
+- data:     digest (uint64 of the key with the run's salt, jobs/io/digests.py), version,
+            created_ms,
             finish (finish_reason, dictionary), tokens (completion_tokens), prompt
             (digest of prompt_hash, 0 when none), settings (settings_hash, dictionary)
 - failures: digest
@@ -18,7 +19,10 @@ part's describes an earlier upload of that name: stale, rebuilt), the sha256 of 
 part's bytes (format 2; readers of whole parts check it, so bytes that changed without
 changing the size are damage, not data), the outcome events
 (failures/retries/rejects by class, for the job's counters) and, for data, the rows per
-(settings_hash, first budget), which resume checks against the config.
+(settings_hash, first budget), which resume checks against the config. Format 3 adds
+key_salt_id: which salt the digests were made with (jobs/io/digests.py); a sidecar of
+another salt than the run's, or an unsalted one (formats 1 and 2) in a salted run, is
+rebuilt from its part.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from typing import Any, Optional
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.io.digests import digests_of
+from jobs.io.digests import digests_of, salt_id
 
 # Format 2 adds part_sha256; format 1 sidecars (written before it) are read as they are:
-# their parts are checked by Parquet's own page checksums only.
-FORMAT = "2"
-READABLE_FORMATS = ("1", "2")
+# their parts are checked by Parquet's own page checksums only. Format 3 adds key_salt_id;
+# 1 and 2 are unsalted.
+FORMAT = "3"
+READABLE_FORMATS = ("1", "2", "3")
 INDEX = "index"   # <run>/index/<kind>/
 SUFFIX = ".arrow"
 # Part columns a summary is made from (what a rebuild reads).
@@ -74,8 +79,8 @@ def reject_ids(table: pa.Table) -> list[str]:
                                                 table.column("line").to_pylist())]
 
 
-def _digests(column: pa.ChunkedArray) -> pa.Array:
-    return pa.array(digests_of(column.to_pylist()), pa.uint64())
+def _digests(column: pa.ChunkedArray, salt: bytes) -> pa.Array:
+    return pa.array(digests_of(column.to_pylist(), salt), pa.uint64())
 
 
 def _retries(table: pa.Table) -> collections.Counter:
@@ -84,8 +89,9 @@ def _retries(table: pa.Table) -> collections.Counter:
 
 
 def summarize(kind: str, table: pa.Table, part_bytes: int,
-              part_sha256: Optional[str] = None) -> pa.Table:
-    """The sidecar of a part holding ``table`` (at least SOURCE_COLUMNS[kind])."""
+              part_sha256: Optional[str] = None, salt: bytes = b"") -> pa.Table:
+    """The sidecar of a part holding ``table`` (at least SOURCE_COLUMNS[kind]); its key
+    digests use the run's ``salt``."""
     meta: dict[str, Any] = {"events": {}}
     if kind == "data":
         budgets = pc.list_element(table.column("budget_history").combine_chunks(), 0) \
@@ -95,19 +101,19 @@ def summarize(kind: str, table: pa.Table, part_bytes: int,
         meta["budgets"] = [[h, b, n] for (h, b), n in sorted(counts.items(), key=str)]
         meta["events"]["retries"] = _retries(table)
         cols = {
-            "digest": _digests(table.column("key")),
+            "digest": _digests(table.column("key"), salt),
             "version": pc.fill_null(table.column("version"), 0).cast(pa.int32()),
             "created_ms": pc.fill_null(table.column("created_at").cast(pa.int64()), 0),
             "finish": table.column("finish_reason").dictionary_encode(),
             "tokens": pc.fill_null(table.column("completion_tokens"), 0).cast(pa.int32()),
-            "prompt": _digests(table.column("prompt_hash")),
+            "prompt": _digests(table.column("prompt_hash"), salt),
             "settings": table.column("settings_hash").dictionary_encode(),
         }
     elif kind == "failures":
         meta["events"]["failures"] = collections.Counter(
             (c or "").removeprefix("continuation:") for c in table.column("error_class").to_pylist())
         meta["events"]["retries"] = _retries(table)
-        cols = {"digest": _digests(table.column("key"))}
+        cols = {"digest": _digests(table.column("key"), salt)}
     else:
         meta["events"]["rejects"] = collections.Counter(
             reject_reason_class(r or "") for r in table.column("reason").to_pylist())
@@ -115,7 +121,8 @@ def summarize(kind: str, table: pa.Table, part_bytes: int,
     summary = pa.table(cols)
     return summary.replace_schema_metadata({
         "format": FORMAT, "kind": kind, "part_bytes": str(part_bytes),
-        "part_sha256": part_sha256 or "", "summary": json.dumps(meta, sort_keys=True)})
+        "part_sha256": part_sha256 or "", "key_salt_id": salt_id(salt),
+        "summary": json.dumps(meta, sort_keys=True)})
 
 
 def encode(summary: pa.Table) -> bytes:
@@ -125,9 +132,9 @@ def encode(summary: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode(data: bytes, kind: str, part_bytes: int) -> pa.Table:
+def decode(data: bytes, kind: str, part_bytes: int, salt: bytes = b"") -> pa.Table:
     """The summary in ``data``; BadSidecar if it is unreadable, of another kind or format,
-    or describes a part of another size."""
+    describes a part of another size, or has digests of another salt than ``salt``."""
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
@@ -139,6 +146,8 @@ def decode(data: bytes, kind: str, part_bytes: int) -> pa.Table:
     if meta.get(b"part_bytes") != str(part_bytes).encode():
         raise BadSidecar(f"describes a part of {meta.get(b'part_bytes', b'?').decode()} "
                          f"bytes, the part has {part_bytes}")
+    if meta.get(b"key_salt_id", b"").decode() != salt_id(salt):  # formats 1, 2: unsalted
+        raise BadSidecar("its key digests use another salt than the run's")
     return table
 
 

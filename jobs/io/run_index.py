@@ -78,12 +78,6 @@ def version_digests(key_digests: np.ndarray, versions: np.ndarray) -> np.ndarray
     return key_digests ^ (versions.astype(np.uint64) * VERSION_MIX)
 
 
-def data_row_digests(table: pa.Table) -> np.ndarray:
-    """version_digests of a table with key and version columns."""
-    return version_digests(digests_of(table.column("key").to_pylist()),
-                           table.column("version").to_numpy(zero_copy_only=False))
-
-
 def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
     """LATEST_ORDER on a frame of rows (key, version, created_at if present), in part
     path and row order: one row per key, its latest version."""
@@ -193,7 +187,8 @@ class RunIndex:
             data = read_bytes(loc)
             if data is not None:
                 try:
-                    return part_summary.decode(data, kind, info.size), "sidecar"
+                    return part_summary.decode(data, kind, info.size,
+                                               self.key_salt), "sidecar"
                 except part_summary.BadSidecar as exc:
                     logger.warning("sidecar %s %s: rebuilding it from the part", loc.uri, exc)
         table = self.store.read_part(info.path, part_summary.SOURCE_COLUMNS[kind])
@@ -201,7 +196,7 @@ class RunIndex:
             return None, "part"
         # Rebuilt: the part as it is now is what later reads are checked against.
         sha256 = hashlib.sha256(self.store.part_bytes(info.path)).hexdigest()
-        summary = part_summary.summarize(kind, table, info.size, sha256)
+        summary = part_summary.summarize(kind, table, info.size, sha256, self.key_salt)
         try:
             write_bytes_atomic(loc, part_summary.encode(summary))
         except OSError as exc:  # a read-only reader still gets its answer
@@ -290,6 +285,11 @@ class RunIndex:
     def done(self) -> np.ndarray:
         """Sorted digests of the keys with a row in data/."""
         return self.latest["digest"]
+
+    @property
+    def key_salt(self) -> bytes:
+        """The salt of the run's key digests (jobs/io/digests.py; b"" for none)."""
+        return self.store.key_salt if self.store is not None else b""
 
     @property
     def done_prompts(self) -> np.ndarray:

@@ -1,5 +1,7 @@
 """A run's prefix on storage, the single source of truth about the run.
 
+    <output>/<run>/run.json                 the run's format and its key-digest salt
+                                            (written once, by the first session)
     <output>/<run>/data/part-*.parquet      completions (every version of a row)
     <output>/<run>/failures/part-*.parquet  rows that failed after retries
     <output>/<run>/rejects/part-*.parquet   invalid input rows, with line and reason
@@ -39,12 +41,18 @@ import pyarrow.parquet as pq
 
 from jobs.config import StorageConfig
 from jobs.io import part_summary
+from jobs.io.digests import new_salt
 from jobs.io.schema import KINDS, LATER_COLUMNS
 from jobs.io.storage import (Location, is_local, list_files, locate, put_verified, read_json,
                              write_bytes_atomic, write_json_atomic)
 
 logger = logging.getLogger("raygen")
 QUARANTINE = "quarantine"
+RUN_FILE = "run.json"
+# 3: run.json exists, key digests salted per run. A run without run.json (made before it)
+# is format 2: unsalted digests; its first session under this version records that.
+RUN_FORMAT = 3
+READABLE_RUN_FORMATS = (2, 3)
 WRITE_ATTEMPTS = 3
 # What pyarrow raises for bytes that are not a readable Parquet file of our schema.
 _DAMAGE = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
@@ -52,6 +60,10 @@ _DAMAGE = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
 
 class DamagedPart(ValueError):
     """A part's bytes are not a readable part of its kind."""
+
+
+class UnknownRunFormat(ValueError):
+    """<run>/run.json is of a format this raygen cannot read (a newer one, or damaged)."""
 
 
 def part_name(row_ids: Iterable[str]) -> str:
@@ -65,6 +77,7 @@ class RunStore:
         self.root: Location = locate(run_uri, storage)
         # Canonical URI: workers run elsewhere, so never a relative local path.
         self.uri = run_uri if run_uri.startswith("s3://") else self.root.path
+        self._run_file: Optional[dict] = None
 
     @classmethod
     def for_run(cls, output: str, run_name: str, storage: StorageConfig) -> "RunStore":
@@ -72,6 +85,42 @@ class RunStore:
 
     def loc(self, *parts: str) -> Location:
         return self.root.join(*parts)
+
+    # --- the run's format (run.json) ---
+
+    def run_file(self) -> dict:
+        """<run>/run.json as read once by this process ({} while it does not exist)."""
+        if self._run_file is None:
+            found = self.read_json(RUN_FILE)
+            if found is not None:
+                fmt = found.get("run_format") if isinstance(found, dict) else None
+                if fmt not in READABLE_RUN_FORMATS:
+                    raise UnknownRunFormat(
+                        f"{self.loc(RUN_FILE).uri} has run_format {fmt!r}; this raygen reads "
+                        f"{', '.join(map(str, READABLE_RUN_FORMATS))} (a newer raygen made "
+                        f"this run: use that version)")
+            self._run_file = found or {}
+        return self._run_file
+
+    @property
+    def key_salt(self) -> bytes:
+        """The salt of the run's key digests (jobs/io/digests.py); b"" for a run made
+        before salts, or one without run.json yet (then it holds no digests either)."""
+        return bytes.fromhex(self.run_file().get("key_salt", ""))
+
+    def init_run_file(self) -> dict:
+        """Write <run>/run.json if it is missing (by the session holding the lease,
+        before anything else is written): a new run gets a random salt; a run that
+        already holds parts (made before run.json) is recorded as format 2, unsalted,
+        so its digests and sidecars stay valid."""
+        if self.run_file():
+            return self._run_file
+        held = any(list_files(self.loc(kind), ".parquet") for kind in KINDS)
+        record = ({"run_format": 2, "key_salt": ""} if held else
+                  {"run_format": RUN_FORMAT, "key_salt": new_salt().hex()})
+        write_json_atomic(self.loc(RUN_FILE), record)
+        self._run_file = record
+        return record
 
     def write_part(self, kind: str, table: pa.Table, row_ids: Iterable[str]) -> str:
         """Write one immutable part file and read it back, then its sidecar; returns its
@@ -113,7 +162,7 @@ class RunStore:
     def write_sidecar(self, kind: str, name: str, table: pa.Table, part_bytes: int,
                       part_sha256: Optional[str] = None) -> None:
         """The part's sidecar; a failed write only costs a rebuild from the part later."""
-        summary = part_summary.summarize(kind, table, part_bytes, part_sha256)
+        summary = part_summary.summarize(kind, table, part_bytes, part_sha256, self.key_salt)
         try:
             write_bytes_atomic(self.sidecar_loc(kind, name), part_summary.encode(summary))
         except OSError as exc:

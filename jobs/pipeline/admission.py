@@ -15,7 +15,8 @@ verdict the second time:
   (:func:`admit_batch`) is a stateless filter over it. No actor, nothing counted twice,
   nothing to lose when a worker dies.
 
-Digests are jobs/io/digests.py's (the run index holds the same): 16 bytes of table per
+Digests are jobs/io/digests.py's with the run's salt (the run index holds the same; the
+table carries the salt to the admit stage's workers): 16 bytes of table per
 admitted key. Two different keys share a digest with probability ~n^2/2^65 (3e-6 at 10M keys); the later
 one would then be rejected as a duplicate naming the other's line, never lost silently.
 """
@@ -51,6 +52,7 @@ class AdmissionTable:
 
     digests: np.ndarray   # uint64, sorted, unique
     ordinals: np.ndarray  # int64, aligned with digests
+    salt: bytes = b""     # of the digests: the run's (jobs/io/digests.py)
 
     @property
     def nbytes(self) -> int:
@@ -154,6 +156,7 @@ class _Pass:
         self.uris, self.write = uris, write
         self.done, self.done_prompts = index.done, index.done_prompts
         self.failed, self.reject_ids = index.open_failed(), index.reject_ids
+        self.salt = index.key_salt
         self.seen = SeenKeys()  # keys the run does not hold yet
         # Keys the run holds are tracked in place, aligned with self.done: their first
         # ordinal (-1: not met yet) and count, 12 bytes a key instead of SeenKeys' 20
@@ -198,7 +201,7 @@ class _Pass:
         if not self.chunk:
             return
         ordinals = np.fromiter((r[0] for r in self.chunk), np.int64, len(self.chunk))
-        digests = digests_of(r[1] for r in self.chunk)
+        digests = digests_of((r[1] for r in self.chunk), self.salt)
         held, pos = sorted_contains(self.done, digests)
         met = self.done_first[pos] >= 0 if len(self.done_first) else np.zeros(len(pos), bool)
         known = np.where(held, met, self.seen.contains(digests))
@@ -241,7 +244,8 @@ class _Pass:
         self.done_first, self.done_count = self.done_first[:0], self.done_count[:0]
         in_failed, _ = sorted_contains(self.failed, digests)
         go = in_failed if retry_failed else ~in_failed
-        return AdmissionTable(digests[go], ordinals[go]), len(digests), int(in_failed.sum())
+        return (AdmissionTable(digests[go], ordinals[go], self.salt), len(digests),
+                int(in_failed.sum()))
 
     def _check_edits(self, rows: np.ndarray, pos: np.ndarray) -> None:
         """rows: chunk rows meeting a held key for the first time; pos: their places in
@@ -249,7 +253,7 @@ class _Pass:
         for i in rows:
             stored = self.done_prompts[pos[i]]
             _, key, _, prompt_hash, _, _ = self.chunk[i]
-            if stored and stored != key_digest(prompt_hash):
+            if stored and stored != key_digest(prompt_hash, self.salt):
                 self.edited += 1
                 if len(self.edited_examples) < EXAMPLES:
                     self.edited_examples.append(key)
@@ -349,7 +353,7 @@ def admit_batch(batch: pa.Table, table: list) -> pa.Table:
     unresolved and each worker fetches it once)."""
     admitted = _table_of(table) if isinstance(table, list) else table
     valid = batch.column("reject_reason").is_null().to_numpy(zero_copy_only=False)
-    digests = digests_of(batch.column("key").to_pylist())
+    digests = digests_of(batch.column("key").to_pylist(), admitted.salt)
     ordinals = batch.column("ordinal").to_numpy(zero_copy_only=False).astype(np.int64)
     keep = admitted.admits(digests, ordinals) & valid
     return batch.filter(pa.array(keep))

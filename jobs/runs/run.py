@@ -21,7 +21,7 @@ import ray
 from jobs.analysis.report import report_and_write
 from jobs.config import RunConfig
 from jobs.io.run_index import RunIndex, describe as describe_index
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import RunStore, UnknownRunFormat
 from jobs.io.storage import is_local, storage_full, write_json_atomic
 from jobs.pipeline import chain as pipeline
 from jobs.pipeline.retry import CircuitOpen
@@ -171,6 +171,10 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
     stage = StageSettings.of(cfg, mode)
     lease = take_lease(store, cfg)  # before the run's state is read or anything written
     try:
+        try:
+            store.init_run_file()  # the run's format and key salt, before any part
+        except UnknownRunFormat as exc:
+            raise RunError(str(exc)) from None
         started = time.monotonic()
         index = RunIndex.open(store)  # the resume state: what the run's files hold
         logger.info("run index read in %.1f s: %s", time.monotonic() - started,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from jobs.config import StorageConfig
-from jobs.io import digests, part_summary, run_index
+from jobs.io import part_summary, run_index
 from jobs.io.digests import key_digest
 from jobs.io.run_index import RunIndex, latest_rows, row_ids
 from jobs.io.run_store import RunStore
@@ -214,7 +214,8 @@ def test_keys_are_held_as_fixed_size_arrays(store):
 def test_two_keys_with_one_digest_count_as_one_key(store, monkeypatch):
     """Stated: a digest collision (p ~ n^2/2^65) merges two keys in the index; the later
     row wins as if it were a newer row of the same key, the other counts as done."""
-    monkeypatch.setattr(digests, "key_digest", lambda key: 7)
+    monkeypatch.setattr(part_summary, "digests_of",  # every key the same digest
+                        lambda keys, salt=b"": np.full(len(list(keys)), 7, np.uint64))
     write(store, "data", [make_row("a", created_at=T0)])
     write(store, "data", [make_row("b", created_at=T0 + dt.timedelta(seconds=1))])
     index = RunIndex.open(store)

@@ -66,3 +66,19 @@ def test_local_output_on_a_multi_node_cluster_is_refused_unless_shared():
     assert local_output_problem(True, alive_nodes=4, shared=True) is None
     problem = local_output_problem(True, alive_nodes=4, shared=False)
     assert "4 nodes" in problem and "storage.shared_local_output" in problem
+
+
+def test_a_run_of_a_newer_format_is_refused_before_anything_is_written(tmp_path):
+    from jobs.pipeline.settings import RunMode
+    from jobs.runs.run import run_job
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "messages": [{"role": "user", "content": "q"}]}\n')
+    run = tmp_path / "out" / "r"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text('{"run_format": 4, "key_salt": ""}')
+    cfg = parse_config({"job": {"input": str(prompts), "output": str(tmp_path / "out"),
+                                "run_name": "r"}})
+    with pytest.raises(RunError, match=r"run_format 4; this raygen reads 2, 3"):
+        run_job(cfg, RunMode(), stop_exc=KeyboardInterrupt)
+    written = {p.name for p in run.iterdir()} - {"run.json", ".lease.json.lock"}
+    assert not written  # no lease left held, no inputs.json, no part
