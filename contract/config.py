@@ -198,6 +198,15 @@ class _EngineBase(StrictModel):
         "its engine and its rows go to the other replicas. None = never.")
     drain_window_rows: int = Field(
         64, ge=1, description="How many of a replica's latest outputs the drain judges.")
+    canary_interval_s: Optional[float] = Field(
+        600.0, gt=0, description="Each replica sends the canary (serve_apps/canary.py: a few "
+        "fixed prompts at temperature 0) to its engine once it is up and then every this many "
+        "seconds; one whose outputs differ from those more than half of the app's live replicas "
+        "agree on drains as over drain_flagged_fraction (two replicas that disagree are a tie: "
+        "logged, no drain). None = no canary.")
+    canary_max_new_tokens: int = Field(
+        16, ge=1, le=256, description="Output tokens per canary prompt (greedy, so short "
+        "outputs suffice to tell engines apart).")
 
     @property
     def reserved_tokens(self) -> int:

@@ -9,9 +9,10 @@ stored in data/ as the replica sent it, with that Parquet type (jobs/io/schema.p
 builds the data/ schema from it; tests/unit/contract/test_protocol.py keeps them in
 sync). The other fields stay on the wire: ``key`` (the job's own row key), ``text``
 (split into reasoning/answer), the error fields (a failure goes to failures/),
-``request_id`` (the sender's id of the request it answers) and ``engine_config_hash``
+``request_id`` (the sender's id of the request it answers), ``engine_config_hash``
 (the answering replica's engine: the job writes only rows of the engine it deployed, so
-a row's ``settings_hash`` and ``model`` are what produced it).
+a row's ``settings_hash`` and ``model`` are what produced it) and ``drained`` (a drained
+replica's condemned rows, which the job records: jobs/runs/regenerate.py).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class GenerateResult:
     request_id: str = ""  # the request's, echoed: a key sent twice still gets two answers
     engine_config_hash: str = ""  # of the replica that answered: rows from another engine
                                   # (the app redeployed under the run) are refused
+    drained: Optional[dict[str, Any]] = None  # set once the replica drained: why, when and
+                                  # the keys of this run it condemns (serve_apps/output_watch.py)
 
     __reduce__ = _by_position
 

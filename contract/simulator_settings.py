@@ -84,11 +84,12 @@ class SimulatorSettings(BaseModel):
         description="When this many /generate requests have been received (counted from start or from the last "
         "/sim/faults update of this field) the process dies with os._exit(1), like a GPU fault; None = never.",
     )
-    broken_output: Literal["", "empty", "token_loop"] = Field(
+    broken_output: Literal["", "empty", "token_loop", "drift"] = Field(
         "",
         description="Outputs broken the way engines have broken them while still reporting success: "
         "empty = EOS at once (no text, finish stop); token_loop = token id 0 repeated up to the budget "
-        "(at most 200), then EOS. '' = sound outputs.",
+        "(at most 200), then EOS; drift = the output ids in reverse order (sound-looking rows no flag "
+        "catches, unlike the other engines' at temperature 0: what the canary is for). '' = sound outputs.",
     )
     seed: int = Field(0, description="Seed of the fault RNG (error_rate, slow_rate draws) only; outputs never depend on it.")
 

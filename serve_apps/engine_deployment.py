@@ -7,7 +7,7 @@ one, ``ProcessBackend``, runs it as a guarded child process (engine_process.py,
 engine_guard.py) and blocks until /health, bounded by ``start_timeout_s``.
 
 The replica answers Serve's ``check_health`` from the engine (a dead engine raises, so
-Serve replaces the replica), relays the engine's gauges to Ray metrics, and stops the
+Serve replaces the replica; so does a drained one: output_watch.py, canary.py), relays the engine's gauges to Ray metrics, and stops the
 engine on shutdown. Requests: ``generate`` takes one prompt; ``generate_many`` takes a
 few and streams each result back as it finishes (one handle call per chunk costs far
 less control-plane CPU than one per row). ``EngineDeployment`` is the Serve wrapper:
@@ -17,6 +17,7 @@ it takes the engine config as JSON and starts the real backend.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ from ray import serve
 from contract.config import EngineConfig, parse_engine_config
 from contract.outcomes import EngineDead, ReplicaError
 from contract.protocol import GenerateRequest, GenerateResult
+from serve_apps import canary
 from serve_apps.chat_format import model_template_renderer, render_prompt
 from serve_apps.engine_client import EngineClient, effective_running_cap
 from serve_apps.engine_process import start_engine
@@ -37,6 +39,13 @@ from serve_apps.replica_metrics import ReplicaMetrics
 
 logger = logging.getLogger("ray.serve")
 RELAY_PERIOD_S = 5.0
+
+
+def _app_name() -> str:
+    try:
+        return serve.get_replica_context().app_name
+    except Exception:  # outside Serve (unit tests)
+        return "local"
 
 
 def _replica_id() -> str:
@@ -90,7 +99,8 @@ DRAIN_HOLD_S = 30.0
 
 
 class EngineReplica:
-    def __init__(self, cfg: EngineConfig, *, backend: BackendFactory = ProcessBackend):
+    def __init__(self, cfg: EngineConfig, *, backend: BackendFactory = ProcessBackend,
+                 canary_board: Optional[Callable[[], Any]] = None):
         self.cfg = cfg
         self.config_hash = cfg.config_hash()
         self.replica_id = _replica_id()
@@ -103,14 +113,44 @@ class EngineReplica:
                                    engine_alive=self.engine.is_alive, render=render,
                                    reserved_tokens=self.cfg.reserved_tokens)
         self.metrics = ReplicaMetrics(self.cfg.model_name)
-        self.watch = OutputWatch(cfg.drain_flagged_fraction, cfg.drain_window_rows)
+        self.watch = OutputWatch(cfg.drain_flagged_fraction, cfg.drain_window_rows,
+                                 self.replica_id)
+        self.canary_board = canary_board() if canary_board else None  # None: no canary
+        self.canary_digest: Optional[str] = None  # of its latest canary round
         self._inflight = 0
+        self._inflight_keys: collections.Counter = collections.Counter()  # (run, key)
         self._last_result_at: Optional[float] = None  # wall time of the last finished row
         self._relay_task: asyncio.Task | None = None
+        self._canary_task: asyncio.Task | None = None
 
     def _ensure_relay(self) -> None:
         if self._relay_task is None:  # needs the replica's running event loop
             self._relay_task = asyncio.get_running_loop().create_task(self._relay_loop())
+        if (self._canary_task is None and self.cfg.canary_interval_s
+                and self.canary_board is not None):
+            self._canary_task = asyncio.get_running_loop().create_task(self._canary_loop())
+
+    async def canary_round(self) -> Optional[str]:
+        """Send the canary, report its digest; drains when the board says it diverges."""
+        results = [await self.generator.generate(r)
+                   for r in canary.requests(self.cfg.canary_max_new_tokens)]
+        self.canary_digest = canary.digest(results)
+        if self.canary_digest is None or self.watch.drain:
+            return None
+        why = await self.canary_board.report(
+            f"{_app_name()}:{self.config_hash}", self.replica_id, self.canary_digest,
+            canary.REPORT_TTL_INTERVALS * self.cfg.canary_interval_s)
+        if why:
+            self.watch.drain_now(why, list(self._inflight_keys))
+        return why
+
+    async def _canary_loop(self) -> None:
+        while not self.watch.drain:
+            try:
+                await self.canary_round()
+            except Exception as exc:  # a dead engine fails the health check instead
+                logger.warning("canary round failed: %s", exc)
+            await asyncio.sleep(self.cfg.canary_interval_s)
 
     async def _relay_loop(self) -> None:
         while True:
@@ -135,6 +175,7 @@ class EngineReplica:
                                          or self.cfg.max_running_requests),
                 # What the job's watchdog reads to name a stuck stage (jobs/runs/watchdog.py).
                 "inflight": self._inflight, "last_result_at": self._last_result_at,
+                "drained": self.watch.drained, "canary_digest": self.canary_digest,
                 "server_info": server_info}
 
     async def count_prompt_tokens(self, prompts: list[dict[str, Any]]) -> list[int]:
@@ -151,6 +192,7 @@ class EngineReplica:
             await asyncio.sleep(DRAIN_HOLD_S)
             raise EngineDead(self.watch.drained)
         self._inflight += 1  # exported by the relay loop: Ray ships gauges every few s anyway
+        self._inflight_keys[(request.run, request.key)] += 1
         try:
             result = await self.generator.generate(request)
         except EngineDead:
@@ -161,8 +203,13 @@ class EngineReplica:
                                            f"{type(exc).__name__}: {exc}", self.replica_id)
         else:
             self.metrics.record(request, result)
-            self.watch.observe(result)
+            self.watch.observe(request.run, result, list(self._inflight_keys))
+            if self.watch.drain:  # this row and every later one name the condemned rows
+                result.drained = self.watch.drain.record_for(request.run)
         finally:
+            self._inflight_keys[(request.run, request.key)] -= 1
+            if not self._inflight_keys[(request.run, request.key)]:
+                del self._inflight_keys[(request.run, request.key)]
             self._inflight -= 1
             self._last_result_at = time.time()
         result.request_id = request.request_id
@@ -183,6 +230,7 @@ class EngineReplica:
     async def check_health(self) -> None:
         if self.watch.drained:
             raise EngineDead(self.watch.drained)
+        self._ensure_relay()  # Serve calls this from the start: the canary's first round
         if not self.engine.is_alive():
             raise EngineDead(self.engine.exit_report())
         if not await self.client.healthy():
@@ -196,7 +244,8 @@ class EngineReplica:
 
 @serve.deployment
 class EngineDeployment(EngineReplica):
-    """The Serve deployment: the engine config arrives as JSON; the real backend runs it."""
+    """The Serve deployment: the engine config arrives as JSON; the real backend runs it,
+    the cluster's canary board judges its canary."""
 
     def __init__(self, engine_config: dict[str, Any]):
-        super().__init__(parse_engine_config(engine_config))
+        super().__init__(parse_engine_config(engine_config), canary_board=canary.BoardClient)

@@ -1,20 +1,28 @@
-"""A replica that keeps producing broken outputs drains itself.
+"""A replica that keeps producing broken outputs drains itself, and says which rows.
 
 An engine can break every output while still answering 200 (hybrid models with MTP
 drafting and the radix cache have returned empty outputs and token-id loops). The
 replica judges each of its successful results with the rows' own integrity flags
 (contract/integrity.py); when more than ``engine.drain_flagged_fraction`` of its last
-``engine.drain_window_rows`` results are flagged, it is drained: its health check fails
-(Serve replaces it: a new engine process) and it refuses further rows as ``engine_dead``
-(the job retries them on the other replicas). The rows it already wrote keep their flags
-in data/, so export leaves them out and counts them.
+``engine.drain_window_rows`` results are flagged, or its canary disagrees with the
+fleet's (serve_apps/canary.py), it is drained: its health check fails (Serve replaces
+it: a new engine process) and it refuses further rows as ``engine_dead`` (the job
+retries them on the other replicas).
+
+The drain condemns the rows of its window and those still inside its engine: every
+result it returns from then on carries the :class:`Drain` record of its run's condemned
+keys (``GenerateResult.drained``), so whichever job actor receives one records it under
+the run and those rows are regenerated as new versions (jobs/runs/regenerate.py). The
+same record on every later result makes it survive the loss of any one of them.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from typing import Optional
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
 
 from contract.integrity import integrity_flags, repetition_ratio
 from contract.protocol import GenerateResult
@@ -31,23 +39,58 @@ def result_flags(result: GenerateResult) -> list[str]:
                             "output_token_ids": ids, "repetition_ratio": repetition_ratio(ids)})
 
 
-class OutputWatch:
-    def __init__(self, fraction: Optional[float], window: int):
-        self.fraction = fraction
-        self.recent: collections.deque[tuple[str, ...]] = collections.deque(maxlen=window)
-        self.drained: Optional[str] = None  # why, once drained
+@dataclass
+class Drain:
+    """Why a replica drained, when, and the keys (per run) it condemns."""
 
-    def observe(self, result: GenerateResult) -> None:
-        if self.fraction is None or self.drained or result.error_class:
+    replica: str
+    reason: str
+    drained_at: float                        # wall clock, seconds
+    keys: dict[str, list[str]] = field(default_factory=dict)  # run -> sorted keys
+
+    def record_for(self, run: str) -> dict[str, Any]:
+        """What a result of ``run`` carries (jobs/runs/regenerate.py writes it as is)."""
+        return {"replica": self.replica, "reason": self.reason,
+                "drained_at": self.drained_at, "keys": self.keys.get(run, [])}
+
+
+class OutputWatch:
+    def __init__(self, fraction: Optional[float], window: int, replica: str = ""):
+        self.fraction, self.replica = fraction, replica
+        # (run, key, flags) of the latest successful results
+        self.recent: collections.deque[tuple[str, str, tuple[str, ...]]] = \
+            collections.deque(maxlen=window)
+        self.drain: Optional[Drain] = None
+
+    @property
+    def drained(self) -> Optional[str]:
+        """Why, once drained."""
+        return self.drain.reason if self.drain else None
+
+    def observe(self, run: str, result: GenerateResult,
+                inflight: Iterable[tuple[str, str]] = ()) -> None:
+        """A successful result; ``inflight``: (run, key) of the rows still in the engine."""
+        if self.drain or result.error_class:
             return
-        self.recent.append(tuple(result_flags(result)))
-        if len(self.recent) < self.recent.maxlen:
+        self.recent.append((run, result.key, tuple(result_flags(result))))
+        if self.fraction is None or len(self.recent) < self.recent.maxlen:
             return
-        bad = [flags for flags in self.recent if flags]
+        bad = [flags for _, _, flags in self.recent if flags]
         if len(bad) / len(self.recent) > self.fraction:
             kinds = collections.Counter(flag for flags in bad for flag in flags)
             named = ", ".join(f"{flag} {n}" for flag, n in kinds.most_common())
-            self.drained = (f"drained: {len(bad)} of its last {len(self.recent)} outputs were "
-                            f"flagged ({named}; engine.drain_flagged_fraction "
-                            f"{self.fraction:g}); Serve restarts its engine")
-            logger.error("replica %s", self.drained)
+            self.drain_now(f"drained: {len(bad)} of its last {len(self.recent)} outputs were "
+                           f"flagged ({named}; engine.drain_flagged_fraction "
+                           f"{self.fraction:g}); Serve restarts its engine", inflight)
+
+    def drain_now(self, reason: str, inflight: Iterable[tuple[str, str]] = ()) -> None:
+        """Drain (once): condemn the window's rows and those in flight."""
+        if self.drain:
+            return
+        keys: dict[str, set[str]] = collections.defaultdict(set)
+        for run, key in [(run, key) for run, key, _ in self.recent] + list(inflight):
+            keys[run].add(key)
+        self.drain = Drain(self.replica, reason, time.time(),
+                           {run: sorted(k) for run, k in sorted(keys.items())})
+        logger.error("replica %s; condemns %d rows", reason,
+                     sum(len(k) for k in keys.values()))

@@ -242,7 +242,8 @@ class Simulator:
 
 def broken(gen: model.Generation, how: str, max_new: int) -> model.Generation:
     """The output as a broken engine returns it while reporting success (the
-    broken_output fault): nothing at all, or token id 0 looping until EOS."""
+    broken_output fault): nothing at all, token id 0 looping until EOS, or its own tokens
+    reversed (drift)."""
     if not how:
         return gen
     ids = [] if how == "empty" else [0] * min(max_new - 1, 200)
@@ -251,6 +252,11 @@ def broken(gen: model.Generation, how: str, max_new: int) -> model.Generation:
                                finish_reason={"type": "stop", "matched": tk.EOS_ID})
 
 
+    if how == "drift":  # the same tokens in reverse order (EOS, if any, stays last)
+        ids = list(gen.output_ids)
+        end = ids[-1:] if ids[-1:] == [tk.EOS_ID] else []
+        ids = ids[:len(ids) - len(end)][::-1] + end
+        return dataclasses.replace(gen, output_ids=ids, text=tk.decode(ids[:len(ids) - len(end)]))
 async def _json_object(request: web.Request) -> dict:
     try:
         body = await request.json()

@@ -201,3 +201,41 @@ def test_a_minority_of_flagged_outputs_does_not_drain():
         replica.client.answer = answer
         asyncio.run(replica.generate(_request(f"k{i}")))
     assert replica.watch.drained is None  # 2 of every 4: not more than half
+
+
+def test_every_result_from_the_drain_on_names_the_rows_it_condemns():
+    replica = _draining_replica(drain_flagged_fraction=0.5)
+    replica.client.answer = "thinking forever"
+    results = [asyncio.run(replica.generate(_request(f"k{i}"))) for i in range(4)]
+    assert [r.drained for r in results[:3]] == [None] * 3
+    record = results[3].drained
+    assert record["replica"] == replica.replica_id and record["keys"] == ["k0", "k1", "k2", "k3"]
+    assert record["reason"].startswith("drained: 4 of its last 4")
+
+
+class LocalBoard:
+    """The canary board in-process: the same tally the cluster's actor keeps."""
+
+    def __init__(self) -> None:
+        from serve_apps.canary import CanaryTally
+        self.tally = CanaryTally()
+
+    async def report(self, scope, replica, digest, ttl_s):
+        return self.tally.report(scope, replica, digest, ttl_s)
+
+
+def test_a_replica_whose_canary_differs_from_the_others_drains():
+    board = LocalBoard()
+    replicas = [EngineReplica(SimulatorEngineConfig(kind="simulator", context_length=4096),
+                              backend=FakeBackend, canary_board=lambda: board) for _ in range(3)]
+    for i, r in enumerate(replicas):
+        r.replica_id = f"r{i}"  # one process here: give each its own id
+    replicas[0].client.answer = "other</think>output"  # its greedy output differs
+    for r in replicas + replicas[:1]:
+        asyncio.run(r.canary_round())
+    assert "canary outputs" in (replicas[0].watch.drained or "")
+    assert [r.watch.drained for r in replicas[1:]] == [None, None]
+    with pytest.raises(EngineDead, match="canary"):
+        asyncio.run(replicas[0].check_health())
+    info = asyncio.run(replicas[1].info())
+    assert info["drained"] is None and info["canary_digest"] == replicas[2].canary_digest
