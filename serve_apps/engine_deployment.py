@@ -228,9 +228,9 @@ class EngineReplica:
                 task.cancel()
 
     async def check_health(self) -> None:
+        self._ensure_relay()  # Serve calls this from the start: the canary's first round
         if self.watch.drained:
             raise EngineDead(self.watch.drained)
-        self._ensure_relay()  # Serve calls this from the start: the canary's first round
         if not self.engine.is_alive():
             raise EngineDead(self.engine.exit_report())
         if not await self.client.healthy():

@@ -37,7 +37,6 @@ from serve_apps.engines.simulator import tokenizer as tk
 from serve_apps.engines.simulator.metrics import RequestMetrics, build_registry
 from serve_apps.engines.simulator.prefix_cache import PrefixCache
 from serve_apps.engines.simulator.protocol import (
-    STRICT_THINKING_NEEDED,
     ContractError,
     RequestError,
     check_context,
@@ -102,9 +101,6 @@ class Simulator:
             return _error("The request body is not valid JSON.", 400)
         try:
             req = parse_generate(body)
-            if req.max_thinking_tokens is not None and not self.settings.enable_strict_thinking:
-                # tokenizer_manager.generate_request, before the context check
-                raise RequestError(STRICT_THINKING_NEEDED)
             max_new = check_context(
                 len(req.input_ids), req, self.settings.context_length, self.settings.speculative_reserved_tokens
             )
@@ -124,8 +120,6 @@ class Simulator:
             ignore_eos=req.ignore_eos,
             skip_special_tokens=req.skip_special_tokens,
             no_stop_trim=req.no_stop_trim,
-            # SGLang's strict-thinking grammar starts in thinking only with require_reasoning.
-            max_thinking_tokens=req.max_thinking_tokens if req.require_reasoning else None,
         )
         gen = broken(gen, self.settings.broken_output, max_new)
         n_in, n_out = len(req.input_ids), len(gen.output_ids)
@@ -252,17 +246,17 @@ def broken(gen: model.Generation, how: str, max_new: int) -> model.Generation:
     reversed (drift)."""
     if not how:
         return gen
+    if how == "drift":  # the same tokens in reverse order (EOS, if any, stays last)
+        ids = list(gen.output_ids)
+        end = ids[-1:] if ids[-1:] == [tk.EOS_ID] else []
+        ids = ids[:len(ids) - len(end)][::-1] + end
+        return dataclasses.replace(gen, output_ids=ids, text=tk.decode(ids[:len(ids) - len(end)]))
     ids = [] if how == "empty" else [0] * min(max_new - 1, 200)
     ids.append(tk.EOS_ID)
     return dataclasses.replace(gen, output_ids=ids, text=tk.decode(ids[:-1]), reasoning_tokens=len(ids) - 1,
                                finish_reason={"type": "stop", "matched": tk.EOS_ID})
 
 
-    if how == "drift":  # the same tokens in reverse order (EOS, if any, stays last)
-        ids = list(gen.output_ids)
-        end = ids[-1:] if ids[-1:] == [tk.EOS_ID] else []
-        ids = ids[:len(ids) - len(end)][::-1] + end
-        return dataclasses.replace(gen, output_ids=ids, text=tk.decode(ids[:len(ids) - len(end)]))
 async def _json_object(request: web.Request) -> dict:
     try:
         body = await request.json()
