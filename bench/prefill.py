@@ -83,6 +83,7 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
         "created_at": pa.array(np.full(n, int(time.time() * 1000)), pa.int64()).cast(TIMESTAMP),
         "prompt_hash": pa.array([prompt_key(m, None) for m in msgs]),
         "integrity_flags": same([], pa.list_(pa.string())),
+        "max_thinking_tokens": same(None, pa.int32()),
     }
     return pa.table([cols[f.name] for f in DATA], names=DATA.names).cast(DATA)  # schema order
 

@@ -327,6 +327,34 @@ class SimulatorEngineConfig(_EngineBase):
         return self
 
 
+STRICT_THINKING_FLAG = "enable-strict-thinking"
+
+
+def thinking_budget_problem(engine: "SGLangEngineConfig | SimulatorEngineConfig") -> Optional[str]:
+    """Why this engine cannot honour a per-request thinking budget (None: it can).
+    SGLang 0.5.23 takes max_thinking_tokens only with --enable-strict-thinking (else a 400
+    for every row), enforces it through the reasoning parser's think end (without a parser
+    it is ignored) and a grammar backend that filters tokens (it refuses to start with
+    --grammar-backend none)."""
+    if engine.kind == "simulator":
+        if not engine.simulator.enable_strict_thinking:
+            return ("the simulator honours it only with engine.simulator.enable_strict_thinking: "
+                    "true (SGLang's --enable-strict-thinking; without it every row is a 400)")
+        return None
+    if not engine.reasoning_parser:
+        return ("engine.reasoning_parser is not set: SGLang finds the thinking through its "
+                "reasoning parser and would not cut it")
+    flags = {_flag_words(name): value for name, value in engine.extra_args.items()}
+    if flags.get(STRICT_THINKING_FLAG) is not True:
+        return (f"SGLang 0.5.23 refuses max_thinking_tokens (a 400 for every row) unless the "
+                f"engine runs with --{STRICT_THINKING_FLAG}: set engine.extra_args "
+                f"{STRICT_THINKING_FLAG}: true")
+    if str(flags.get("grammar-backend", "")).lower() == "none":
+        return ("engine.extra_args grammar-backend: none cannot enforce it (SGLang's strict "
+                "thinking needs a token-filtering grammar backend, e.g. xgrammar)")
+    return None
+
+
 def _engine_kind(value: Any) -> Optional[str]:
     # No default: a missing kind (None) and an unknown one fail below, as engine_kind.
     if isinstance(value, dict):

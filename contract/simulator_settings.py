@@ -92,6 +92,11 @@ class SimulatorSettings(BaseModel):
         "catches, unlike the other engines' at temperature 0: what the canary is for). '' = sound outputs.",
     )
     seed: int = Field(0, description="Seed of the fault RNG (error_rate, slow_rate draws) only; outputs never depend on it.")
+    enable_strict_thinking: bool = Field(
+        False,
+        description="SGLang's --enable-strict-thinking: a request may then set max_thinking_tokens (the think end "
+        "is forced after that many reasoning tokens); without it such a request is a 400, as in SGLang.",
+    )
 
     @model_validator(mode="after")
     def _finite(self) -> "SimulatorSettings":
@@ -147,13 +152,20 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    return word == "true"
+
+
 def _parse_optional_int(text: str) -> int | None:
     return None if text.strip().lower() in (_NONE_TOKEN, "null", "") else int(text)
 
 
 def _cli_parser_for(annotation: Any):
     """argparse type callable for a field annotation."""
-    simple = {int: int, float: float, str: str}
+    simple = {int: int, float: float, str: str, bool: _parse_bool}
     if annotation in simple:
         return simple[annotation]
     if annotation == (int | None):

@@ -115,11 +115,20 @@ JOB_EXPECTED_REPLICAS = Metric(
 
 # --- relayed from SGLang ------------------------------------------------------------
 # Each replica relays every ``sglang:*`` sample of its engine's /metrics as a Ray gauge
-# named ``sglang_<rest>`` (value = the engine's own value, counters and histogram
-# buckets included); the scrape config renames ``ray_sglang_<rest>`` back to
-# ``sglang:<rest>`` (cluster/prometheus/prometheus.yml), so SGLang's published Grafana
-# dashboard works unchanged and every series carries Serve's ``replica`` label.
-RELAY_PREFIX = "sglang_"  # Ray metric name = RELAY_PREFIX + SGLang name after "sglang:"
+# (value = the engine's own value, counters and histogram buckets included), under two
+# names (serve_apps/replica_metrics.py ``EngineRelay``):
+# - every sample as ``relay_sglang_<rest>``: Ray exports ``ray_relay_sglang_<rest>``,
+#   which the scrape config renames to SGLang's own ``sglang:<rest>``
+#   (cluster/prometheus/prometheus.yml, the PodMonitor), what raygen's dashboard, alerts
+#   and SGLang's published Grafana dashboard read;
+# - the samples of the families Ray's "Serve LLM SGLang" dashboard reads (Ray 2.60,
+#   uid rayServeLlmSglangDashboard) also as ``sglang_<rest>``: Ray exports
+#   ``ray_sglang_<rest>``, the name Ray gives SGLang's metrics itself, left as is by
+#   the scrape config. Only those families: 199 more series per replica where a copy of
+#   all would double the engine's ~520 on every node's metrics page.
+# Both carry the engine's labels (model_name, ...) and Serve's deployment/replica.
+RELAY_PREFIX = "relay_sglang_"   # Ray name of every relayed sample
+RAY_SGLANG_PREFIX = "sglang_"    # Ray name of the copy Ray's SGLang dashboard reads
 SGLANG_PREFIX = "sglang:"
 # The SGLang series raygen's dashboard reads (the relay forwards all of them).
 SGLANG_SERIES = frozenset({
@@ -127,17 +136,36 @@ SGLANG_SERIES = frozenset({
     "sglang:spec_accept_length", "sglang:cache_hit_rate", "sglang:num_retracted_reqs",
     "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
 })
+# SGLang metric families (as the exposition's TYPE lines name them: counters without
+# _total) whose samples Ray's Serve LLM SGLang dashboard reads as ray_sglang_*, panels
+# and template variables; held equal to the installed Ray's dashboard by
+# tests/unit/dashboards/test_ray_sglang_dashboard.py.
+RAY_DASHBOARD_SGLANG_FAMILIES = frozenset({
+    "sglang:prompt_tokens", "sglang:generation_tokens", "sglang:num_aborted_requests",
+    "sglang:token_usage", "sglang:cache_hit_rate",
+    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_paused_reqs",
+    "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+    "sglang:e2e_request_latency_seconds", "sglang:queue_time_seconds",
+    "sglang:prompt_tokens_histogram", "sglang:generation_tokens_histogram",
+})
 
 
 # The scrape-time rename (Prometheus metric_relabel_configs form; PodMonitor uses the
 # same fields in camelCase). cluster/ configs must carry exactly this rule (tested).
-SGLANG_RELABEL = {"source_labels": ["__name__"], "regex": "ray_sglang_(.+)",
+# It matches only the relay's own names: Ray's ray_sglang_* copy passes unchanged.
+SGLANG_RELABEL = {"source_labels": ["__name__"], "regex": "ray_relay_sglang_(.+)",
                   "target_label": "__name__", "replacement": "sglang:$1"}
 
 
 def relay_name(sglang_sample: str) -> str:
-    """Ray metric name for an SGLang sample name (``sglang:x`` -> ``sglang_x``)."""
+    """Ray metric name for an SGLang sample name (``sglang:x`` -> ``relay_sglang_x``)."""
     return RELAY_PREFIX + sglang_sample.removeprefix(SGLANG_PREFIX)
+
+
+def ray_dashboard_name(sglang_sample: str) -> str:
+    """Ray metric name of the copy Ray's SGLang dashboard reads (``sglang:x`` -> ``sglang_x``,
+    exported as ``ray_sglang_x``)."""
+    return RAY_SGLANG_PREFIX + sglang_sample.removeprefix(SGLANG_PREFIX)
 
 
 CATALOG: Tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))

@@ -17,7 +17,8 @@ from typing import Any, Literal, Optional
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contract.config import (ConfigError, EngineConfig, ServeConfig, StrictModel,
-                             default_engine, format_errors, load_yaml, read_config_tree)
+                             default_engine, format_errors, load_yaml, read_config_tree,
+                             thinking_budget_problem)
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -35,8 +36,16 @@ class SamplingConfig(StrictModel):
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    max_thinking_tokens: Optional[int] = Field(
+        None, ge=0, description="Thinking budget per row (SGLang's max_thinking_tokens, a "
+        "request field): after this many reasoning tokens SGLang forces the think end and "
+        "the row goes on with its answer. None = not sent. Needs engine.kind sglang with a "
+        "reasoning_parser and extra_args enable-strict-thinking: true (or the simulator "
+        "with engine.simulator.enable_strict_thinking).")
 
     def to_sglang(self) -> dict[str, Any]:
+        """The params raygen sends (unset ones left out, so they never enter the
+        settings hash); the client moves max_thinking_tokens to the request's top level."""
         return {k: v for k, v in self.model_dump().items() if v not in (None, [])}
 
 
@@ -196,6 +205,10 @@ class RunConfig(StrictModel):
         if self.job.min_actors > self.job.max_actors:
             raise ValueError(f"job.min_actors ({self.job.min_actors}) > job.max_actors "
                              f"({self.job.max_actors})")
+        if self.job.sampling.max_thinking_tokens is not None:
+            problem = thinking_budget_problem(self.engine)
+            if problem:
+                raise ValueError(f"job.sampling.max_thinking_tokens: {problem}")
         return self
 
 

@@ -11,7 +11,12 @@ whose pooled connection the server closed anyway (ServerDisconnectedError: no by
 a response) is sent once more on a new connection. aiohttp itself never retries a POST.
 
 Every /generate sets ``require_reasoning``: SGLang counts ``reasoning_tokens`` only then
-(otherwise it reports 0).
+(otherwise it reports 0), and with ``--enable-strict-thinking`` it treats the output as
+thinking until the think end (a thinking budget applies; EOS is masked). A continuation
+whose output already left its thinking sends false (serve_apps/generation.py).
+
+``max_thinking_tokens`` travels in raygen's sampling dict (it is recorded and hashed with
+the sampling) but SGLang takes it as a request field: the body moves it there.
 
 ``parse_meta`` reads meta_info across SGLang versions: speculative fields were renamed
 (0.5.5 ``spec_accept_length``; later ``spec_accept_rate``/``spec_num_correct_drafts``);
@@ -99,10 +104,18 @@ def _error_message(status: int, payload: Union[dict, str]) -> str:
 KEEPALIVE_S = 4.0
 
 
-def generate_body(input_ids: list[int], sampling: dict[str, Any], rid: str) -> dict[str, Any]:
-    """The /generate request raygen sends (require_reasoning: see the module docstring)."""
-    return {"input_ids": input_ids, "sampling_params": sampling, "rid": rid, "stream": False,
-            "require_reasoning": True}
+THINKING_BUDGET = "max_thinking_tokens"
+
+
+def generate_body(input_ids: list[int], sampling: dict[str, Any], rid: str,
+                  require_reasoning: bool = True) -> dict[str, Any]:
+    """The /generate request raygen sends (see the module docstring)."""
+    params = {k: v for k, v in sampling.items() if k != THINKING_BUDGET}
+    body = {"input_ids": input_ids, "sampling_params": params, "rid": rid, "stream": False,
+            "require_reasoning": require_reasoning}
+    if sampling.get(THINKING_BUDGET) is not None:
+        body[THINKING_BUDGET] = sampling[THINKING_BUDGET]
+    return body
 
 
 class EngineClient:
@@ -156,9 +169,9 @@ class EngineClient:
         raise EngineBadRequest(message)
 
     async def generate(self, input_ids: list[int], sampling: dict[str, Any],
-                       rid: str) -> EngineOutput:
-        return parse_meta(await self._request("POST", "/generate",
-                                              json=generate_body(input_ids, sampling, rid)))
+                       rid: str, require_reasoning: bool = True) -> EngineOutput:
+        body = generate_body(input_ids, sampling, rid, require_reasoning)
+        return parse_meta(await self._request("POST", "/generate", json=body))
 
     async def tokenize(self, text: str) -> list[int]:
         payload = await self._request("POST", "/tokenize",

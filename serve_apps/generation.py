@@ -7,7 +7,11 @@ with ``error_class`` set; only a dead engine raises (EngineDead) so Serve restar
 Continuation (``prompt_len`` set): ``input_ids`` = prompt + earlier output, sent as ids
 (never re-tokenized text), so a continued row equals one long run token for token. The
 result then carries the whole output (ids and text); its counts (completion_tokens,
-spec_verify_ct, latency_s) are of the new segment only, which the job adds up.
+spec_verify_ct, latency_s) are of the new segment only, which the job adds up. An
+earlier output past its think end is sent with ``require_reasoning`` false and no
+thinking budget (SGLang would treat its answer as new thinking: with strict thinking it
+masks EOS there and cuts it at the budget again); one still thinking gets the row's
+thinking budget minus its earlier output, so the row thinks as long as one long run.
 
 Context guard: the budget must fit the room SGLang really gives (context_budget.room:
 its speculative reserve, its scheduler's input limit and silent clamp). Policy ``clamp``
@@ -26,7 +30,7 @@ from contract import context_budget
 from contract.outcomes import ContextOverflow, EngineAborted, EngineDead, EngineError
 from contract.protocol import GenerateRequest, GenerateResult
 from serve_apps.chat_format import render_prompt, split_reasoning
-from serve_apps.engine_client import EngineClient, EngineOutput
+from serve_apps.engine_client import THINKING_BUDGET, EngineClient, EngineOutput
 
 # Leave room for at least this many new tokens or reject: a 1-token "completion" is
 # worse than an explicit reject.
@@ -75,8 +79,10 @@ class Generator:
             ids = await self.prompt_ids(request)
             budget = int(request.max_new_tokens)
             effective = self.fit_budget(len(ids), budget, request.context_policy)
-            sampling = dict(request.sampling or {}, max_new_tokens=effective)
-            out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}")
+            sampling, thinking = await self._continued_sampling(
+                request, ids, dict(request.sampling or {}, max_new_tokens=effective))
+            out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}",
+                                             require_reasoning=thinking)
             check_finish(out)
             prompt_len = request.prompt_len
             if prompt_len is None:
@@ -92,6 +98,21 @@ class Generator:
             return GenerateResult.failed(key, exc.error_class, str(exc), self.replica_id)
         return self._result(key, prompt_ids, output_ids, out, budget, effective,
                             time.perf_counter() - started, text)
+
+    async def _continued_sampling(self, request: GenerateRequest, ids: list[int],
+                                  sampling: dict) -> tuple[dict, bool]:
+        """(sampling, still thinking) of this request: see the module docstring."""
+        if request.prompt_len is None:
+            return sampling, True
+        if self._think_end_ids is None:
+            self._think_end_ids = await self.client.tokenize(self.think_end)
+        earlier = ids[request.prompt_len:]
+        if _contains(earlier, self._think_end_ids):
+            sampling.pop(THINKING_BUDGET, None)
+            return sampling, False
+        if sampling.get(THINKING_BUDGET) is not None:
+            sampling[THINKING_BUDGET] = max(0, sampling[THINKING_BUDGET] - len(earlier))
+        return sampling, True
 
     def _result(self, key: str, ids: list[int], output_ids: list[int], out: EngineOutput,
                 budget: int, effective: int, latency_s: float, text: str) -> GenerateResult:
@@ -125,6 +146,11 @@ def check_finish(out: EngineOutput) -> None:
         raise EngineAborted(f"engine aborted the request after {out.completion_tokens} tokens")
     if out.finish_reason == "stop" and out.matched_stop == NAN_STOP:
         raise EngineAborted("engine produced NaN logits (finish matched 'NaN happened')")
+
+
+def _contains(ids: list[int], part: list[int]) -> bool:
+    n = len(part)
+    return n > 0 and any(ids[i:i + n] == part for i in range(len(ids) - n + 1))
 
 
 def _reasoning_tokens(out: EngineOutput, finished_thinking: bool,

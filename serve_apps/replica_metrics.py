@@ -41,11 +41,14 @@ class EngineRelay:
     """Forward every ``sglang:*`` sample of the engine's /metrics as a Ray gauge.
 
     A gauge carrying the engine's own value (cumulative for counters and histogram
-    buckets) keeps SGLang's exact series: the scrape config renames
-    ``ray_sglang_<x>`` back to ``sglang:<x>``, and rate()/histogram_quantile() work on
-    it as on the engine's own endpoint. One Ray gauge per sample name, its tag keys
-    fixed by the first sample seen; a later sample with other label names is skipped
-    (logged once) because Ray rejects undeclared tag keys.
+    buckets) keeps SGLang's exact series: every sample goes out as
+    ``relay_sglang_<x>``, which the scrape config renames ``ray_relay_sglang_<x>`` ->
+    ``sglang:<x>``; the samples of the families Ray's Serve LLM SGLang dashboard reads
+    also go out as ``sglang_<x>`` (exported ``ray_sglang_<x>``, Ray's own name for
+    them). rate()/histogram_quantile() work on both as on the engine's own endpoint.
+    One Ray gauge per Ray name, its tag keys fixed by the first sample seen; a later
+    sample with other label names is skipped (logged once) because Ray rejects
+    undeclared tag keys.
     """
 
     def __init__(self) -> None:
@@ -53,28 +56,33 @@ class EngineRelay:
         self._warned: set[str] = set()
 
     def relay(self, metrics_text: str) -> int:
-        """Set one gauge value per engine sample; returns how many were relayed."""
+        """Set the gauges of every engine sample; returns how many samples were relayed."""
         relayed = 0
         for family in text_string_to_metric_families(metrics_text):
+            # A counter's family is named without _total when its TYPE line names it
+            # with _total (SGLang's page), with it when the page has no TYPE line.
+            for_ray = family.name.removesuffix("_total") in mc.RAY_DASHBOARD_SGLANG_FAMILIES
             for sample in family.samples:
                 if not sample.name.startswith(mc.SGLANG_PREFIX):
                     continue
-                if self._set(sample.name, sample.labels, sample.value):
+                if self._set(mc.relay_name(sample.name), sample):
                     relayed += 1
+                    if for_ray:  # same labels as the gauge just set, so it cannot be refused
+                        self._set(mc.ray_dashboard_name(sample.name), sample)
         return relayed
 
-    def _set(self, name: str, labels: dict[str, str], value: float) -> bool:
-        keys = tuple(sorted(labels))
-        if name not in self.gauges:
-            gauge = metrics.Gauge(mc.relay_name(name), f"Relayed from the engine: {name}.", tag_keys=keys)
-            self.gauges[name] = (gauge, keys)
-        gauge, declared = self.gauges[name]
+    def _set(self, gauge_name: str, sample: Any) -> bool:
+        keys = tuple(sorted(sample.labels))
+        if gauge_name not in self.gauges:
+            gauge = metrics.Gauge(gauge_name, f"Relayed from the engine: {sample.name}.", tag_keys=keys)
+            self.gauges[gauge_name] = (gauge, keys)
+        gauge, declared = self.gauges[gauge_name]
         if keys != declared:
-            if name not in self._warned:
-                self._warned.add(name)
-                logger.warning("engine metric %s: labels %s differ from %s; not relayed", name, keys, declared)
+            if gauge_name not in self._warned:
+                self._warned.add(gauge_name)
+                logger.warning("engine metric %s: labels %s differ from %s; not relayed", sample.name, keys, declared)
             return False
-        gauge.set(value, dict(labels))
+        gauge.set(sample.value, dict(sample.labels))
         return True
 
 

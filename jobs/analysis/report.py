@@ -12,7 +12,8 @@ Design decisions:
 - The same summary is computed overall, per category and per prompt-length bin by
   one function (group_stats), so the three tables can never disagree in definition.
 - "Truncated" means finish_reason == "length" (cut at the row's budget); split into
-  cut while thinking (no </think> yet: no answer at all) and cut in the answer.
+  cut while thinking (no </think> yet: no answer at all) and cut in the answer, also
+  per thinking budget the rows ran under (jobs.analysis.thinking_budget).
   Failures count only open ones (keys in failures/ without a row in data/).
 - The what-if section is jobs.analysis.forecast: truncated rows are censored observations, so
   the fraction at another cap is a model estimate with a range; extrapolations above
@@ -38,6 +39,7 @@ import pandas as pd
 import pyarrow as pa
 
 from jobs.analysis.forecast import forecast_report
+from jobs.analysis.thinking_budget import budgets_md, in_effect, thinking_budgets
 from jobs.analysis.token_yield import parse_lengths, yield_report
 from jobs.io.digests import digests_of, sorted_contains
 from jobs.io.part_summary import reject_reason_class
@@ -54,7 +56,7 @@ REPORT_COLUMNS = [
     "key", "version", "category", "finish_reason", "finished_thinking", "prompt_tokens",
     "completion_tokens", "reasoning_tokens", "max_new_tokens", "effective_max_new_tokens",
     "budget_clamped_by", "continuations", "spec_verify_ct", "repetition_ratio",
-    "settings_hash", "created_at", "latency_s", "replica"]
+    "settings_hash", "created_at", "latency_s", "replica", "max_thinking_tokens"]
 
 
 # --- figures ----------------------------------------------------------------------------
@@ -183,6 +185,7 @@ def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
         "keys": len(df), "data_rows_all_versions": data_rows,
         "degenerate_threshold": DEGENERATE_REPETITION,
         "budgets": _budgets(df), "current_cap": fc["current_cap"],
+        "thinking_budgets": thinking_budgets(df),
         "overall": group_stats(df),
         "by_category": breakdown(df, df["category"]),
         "by_prompt_bin": breakdown(df, prompt_bin(df["prompt_tokens"]).astype(object),
@@ -265,7 +268,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
     lines = [f"# Run report: {rep['run']}", "",
              f"Generated {rep['generated_at']}; run status: {rep['status'] or 'unknown'}. "
              f"{rep['keys']:,} prompts with a result ({rep['data_rows_all_versions']:,} data "
-             f"rows incl. earlier versions). Budget (max_new_tokens): {caps}.", "",
+             f"rows incl. earlier versions). Budget (max_new_tokens): {caps}. Thinking "
+             f"budget (max_thinking_tokens): {in_effect(rep.get('thinking_budgets') or [])}.", "",
              "## Overall", ""]
     lines += _table(GROUP_HEADERS, [_group_row("all", o)])
     lines += _table(["finish reason", "rows", "%"],
@@ -286,6 +290,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
         lines += [f"({len(cats) - MD_MAX_CATEGORIES} smaller categories in report.json)", ""]
     lines += ["## By prompt length (tokens)", ""]
     lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in rep["by_prompt_bin"].items()])
+    lines += budgets_md(rep.get("thinking_budgets") or [])
     lines += _problems_md(rep) + _yield_md(rep.get("token_yield"))
     lines += _forecast_md(rep["forecast"]) + _trainable_forecast_md(rep["forecast"])
     return "\n".join(lines)

@@ -38,6 +38,7 @@ DATA = pa.schema([
     ("created_at", TIMESTAMP),
     ("prompt_hash", pa.string()),        # hash of the canonical prompt (edits under an id)
     ("integrity_flags", pa.list_(pa.string())),  # contract/integrity.py; [] = sound
+    ("max_thinking_tokens", pa.int32()),  # the row's thinking budget; None = none sent
 ])
 
 FAILURES = pa.schema([
@@ -60,7 +61,7 @@ REJECTS = pa.schema([
 KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 # Columns added after runs were first written: a part that predates one reads it as
 # nulls (jobs/io/run_store.py); any other missing column makes the part damaged.
-LATER_COLUMNS = frozenset({"prompt_hash", "reject_id", "integrity_flags"})
+LATER_COLUMNS = frozenset({"prompt_hash", "reject_id", "integrity_flags", "max_thinking_tokens"})
 
 # What flows from the generate stage to the sink: every column of data/ and failures/
 # plus the row's destination (rejects never reach the stage: admission writes them).

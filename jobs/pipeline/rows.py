@@ -36,7 +36,8 @@ def data_row(row: dict[str, Any], result: GenerateResult, stage: StageSettings,
         budget_history=[result.max_new_tokens], continuations=0,
         repetition_ratio=repetition_ratio(result.output_token_ids),
         attempts=attempts, model=stage.model, sampling=stage.sampling_json,
-        settings_hash=stage.settings_hash, created_at=now())
+        settings_hash=stage.settings_hash, created_at=now(),
+        max_thinking_tokens=stage.max_thinking_tokens)
     out["integrity_flags"] = integrity_flags(out)
     return out
 
@@ -69,7 +70,7 @@ def continued_row(base: dict[str, Any], result: GenerateResult, stage: StageSett
         latency_s=_add(base["latency_s"], result.latency_s), attempts=attempts,
         model=stage.model, sampling=stage.sampling_json,
         settings_hash=stage.settings_hash,  # its own (checked equal to the base's)
-        created_at=now())
+        created_at=now(), max_thinking_tokens=stage.max_thinking_tokens)
     out["integrity_flags"] = integrity_flags(out)  # of the whole output, this version's
     return out
 

@@ -95,6 +95,11 @@ class StageSettings:
     engine_config_hash: str = ""  # what this run deployed: a result from another engine stops it
     app_name: str = ""            # for that message
 
+    @property
+    def max_thinking_tokens(self) -> Optional[int]:
+        """The rows' thinking budget (job.sampling.max_thinking_tokens; None = none)."""
+        return self.sampling.get("max_thinking_tokens")
+
     @classmethod
     def of(cls, cfg: RunConfig, mode: RunMode = RunMode()) -> "StageSettings":
         job, sampling = cfg.job, cfg.job.sampling.to_sglang()

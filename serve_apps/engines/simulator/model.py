@@ -23,6 +23,11 @@ Design decisions:
   allowed token is a stop, not a length finish).
 - min_new_tokens defers the EOS and ignores stop matches before that many
   tokens (SGLang masks stop tokens there).
+- A thinking budget B (max_thinking_tokens, under strict thinking) puts </think> at
+  the request's output token B when the plan's comes later, as SGLang's grammar forces
+  it; the answer that follows keeps the plan's length (</think> to EOS), so the EOS
+  moves up with it. The EOS is placed from wherever </think> is in the stream, so a
+  continuation of a cut run still ends where the single run does.
 """
 
 from __future__ import annotations
@@ -138,11 +143,13 @@ def _words(h: int, n: int, out: list[int]) -> int:
     return h
 
 
-def emit(plan: Plan, h: int, start: int, n: int, eos_pos: int | None, think_done: bool) -> list[int]:
-    """Stream tokens at positions start..start+n-1 given the hash state h of the prefix."""
+def emit(plan: Plan, h: int, start: int, n: int, eos_pos: int | None, think_done: bool,
+         think_pos: int | None = None) -> list[int]:
+    """Stream tokens at positions start..start+n-1 given the hash state h of the prefix;
+    </think> at think_pos (default: the plan's), unless the prefix holds it already."""
     fixed = {0: _THINK_START, 1: _NL}
     if not think_done:
-        t = plan.think_end_pos
+        t = plan.think_end_pos if think_pos is None else think_pos
         fixed.update({t: _THINK_END, t + 1: _NL, t + 2: _NL})
     if eos_pos is not None:
         fixed[eos_pos] = _EOS
@@ -209,20 +216,27 @@ def generate(
     ignore_eos: bool = False,
     skip_special_tokens: bool = True,
     no_stop_trim: bool = False,
+    max_thinking_tokens: int | None = None,
 ) -> Generation:
-    """The deterministic response to input_ids under SGLang's stopping rules."""
+    """The deterministic response to input_ids under SGLang's stopping rules.
+    ``max_thinking_tokens``: the request's thinking budget, as SGLang enforces it (only
+    sent when the request counts as thinking: require_reasoning under strict thinking)."""
     k = core_length(input_ids)
     plan = make_plan(input_ids[:k], params)
     stream = input_ids[k:]
     start = len(stream)
     h = roll(plan.seed_hash, stream)
     think_done = _THINK_END in stream
+    think_pos = stream.index(_THINK_END) if think_done else plan.think_end_pos
+    if not think_done and max_thinking_tokens is not None:
+        think_pos = min(think_pos, start + max_thinking_tokens)
     eos_pos = None
     if not ignore_eos:
         # Past the natural end (e.g. continuing an ignore_eos run) the model stops at once.
-        eos_pos = max(plan.length - 1, start + max(min_new_tokens, 1) - 1)
+        natural_end = think_pos + plan.length - 1 - plan.think_end_pos
+        eos_pos = max(natural_end, start + max(min_new_tokens, 1) - 1)
     n = max_new_tokens if eos_pos is None else min(max_new_tokens, eos_pos - start + 1)
-    out = emit(plan, h, start, max(n, 0), eos_pos, think_done)
+    out = emit(plan, h, start, max(n, 0), eos_pos, think_done, think_pos)
     stop_ids = frozenset() if ignore_eos else frozenset(stop_token_ids) | {_EOS}
     stops = [stop] if isinstance(stop, str) else list(stop)
     cut, reason = _finish(out, max_new_tokens, min_new_tokens, stops, stop_ids, skip_special_tokens)
@@ -234,7 +248,7 @@ def generate(
     text = tk.decode(out[:-1] if trim_token else out, skip_special_tokens)
     if isinstance(matched, str) and not no_stop_trim:
         text = text[: text.find(matched)]
-    reasoning = 0 if think_done else max(0, min(start + len(out), plan.think_end_pos + 1) - start)
+    reasoning = 0 if think_done else max(0, min(start + len(out), think_pos + 1) - start)
     return Generation(out, text, reason, reasoning, plan)
 
 

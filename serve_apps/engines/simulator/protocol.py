@@ -67,6 +67,7 @@ class GenerateRequest:
     skip_special_tokens: bool
     no_stop_trim: bool
     require_reasoning: bool = False
+    max_thinking_tokens: int | None = None  # request field; needs strict thinking (server.py)
 
 
 def parse_generate(body: Any) -> GenerateRequest:
@@ -101,7 +102,38 @@ def parse_generate(body: Any) -> GenerateRequest:
         skip_special_tokens=_opt_bool(sp, "skip_special_tokens", True),
         no_stop_trim=_opt_bool(sp, "no_stop_trim", False),
         require_reasoning=_opt_bool(body, "require_reasoning", False),
+        max_thinking_tokens=_opt_u64(body, "max_thinking_tokens"),
     )
+
+
+STRICT_THINKING_NEEDED = "max_thinking_tokens requires the server to be launched with --enable-strict-thinking"
+
+
+def _serde_unexpected(v: Any) -> str:
+    """serde's ``Unexpected`` text, as sglang/api/v1/api_types._unexpected writes it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean `{'true' if v else 'false'}`"
+    if isinstance(v, int):
+        return f"integer `{v}`"
+    if isinstance(v, float):
+        return f"floating point `{v}`"
+    if isinstance(v, str):
+        return f'string "{v}"'
+    return {list: "sequence", dict: "map"}.get(type(v), type(v).__name__)
+
+
+def _opt_u64(body: dict, key: str) -> int | None:
+    """A top-level u64 field of SGLang's typed contract (api_types._expect_uint)."""
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ContractError(f"invalid type: {_serde_unexpected(v)}, expected u64")
+    if v < 0:
+        raise ContractError(f"invalid value: integer `{v}`, expected u64")
+    return v
 
 
 def _parse_input(body: dict) -> list[int]:

@@ -37,6 +37,7 @@ from serve_apps.engines.simulator import tokenizer as tk
 from serve_apps.engines.simulator.metrics import RequestMetrics, build_registry
 from serve_apps.engines.simulator.prefix_cache import PrefixCache
 from serve_apps.engines.simulator.protocol import (
+    STRICT_THINKING_NEEDED,
     ContractError,
     RequestError,
     check_context,
@@ -101,6 +102,9 @@ class Simulator:
             return _error("The request body is not valid JSON.", 400)
         try:
             req = parse_generate(body)
+            if req.max_thinking_tokens is not None and not self.settings.enable_strict_thinking:
+                # tokenizer_manager.generate_request, before the context check
+                raise RequestError(STRICT_THINKING_NEEDED)
             max_new = check_context(
                 len(req.input_ids), req, self.settings.context_length, self.settings.speculative_reserved_tokens
             )
@@ -120,6 +124,8 @@ class Simulator:
             ignore_eos=req.ignore_eos,
             skip_special_tokens=req.skip_special_tokens,
             no_stop_trim=req.no_stop_trim,
+            # SGLang's strict-thinking grammar starts in thinking only with require_reasoning.
+            max_thinking_tokens=req.max_thinking_tokens if req.require_reasoning else None,
         )
         gen = broken(gen, self.settings.broken_output, max_new)
         n_in, n_out = len(req.input_ids), len(gen.output_ids)

@@ -31,7 +31,7 @@ import pytest
 
 from cluster import gpu_smoke
 from jobs.config import SamplingConfig, load_config
-from contract.config import SGLangEngineConfig, SpeculativeConfig
+from contract.config import STRICT_THINKING_FLAG, SGLangEngineConfig, SpeculativeConfig
 from serve_apps.engine_client import EngineClient, parse_meta
 from serve_apps.engines.sglang import build_command
 from dashboards.metrics_catalog import SGLANG_SERIES
@@ -294,6 +294,31 @@ def test_generate_body_passes_sglangs_request_contract(sglang, sampling):
     assert request.input_ids == [11, 12, 13] and request.stream is False
     assert request.rid == "row-1-1"
     assert request.sampling_params.max_new_tokens == 8192  # SGLang's default would be 128
+
+
+def test_thinking_budget_is_the_request_field_sglang_decodes(sglang):
+    """raygen keeps max_thinking_tokens with its sampling; SGLang's own request decoder
+    takes it only at the top level (inside sampling_params it is an unknown field)."""
+    params = dict(SamplingConfig(max_thinking_tokens=128).to_sglang(), max_new_tokens=8192)
+    request = sglang.api_types.GenerateRequest.from_json_value(_sent_generate_body(params))
+    assert request.max_thinking_tokens == 128 and request.require_reasoning is True
+    assert request.sampling_params.max_new_tokens == 8192
+    unset = sglang.api_types.GenerateRequest.from_json_value(
+        _sent_generate_body(SamplingConfig().to_sglang()))
+    assert unset.max_thinking_tokens is None
+    body = _sent_generate_body({"max_new_tokens": 16})
+    body["sampling_params"]["max_thinking_tokens"] = 128
+    with pytest.raises(sglang.api_types.JsonContractError, match="max_thinking_tokens"):
+        sglang.api_types.GenerateRequest.from_json_value(body)
+
+
+def test_the_strict_thinking_flag_raygen_asks_for_is_sglangs(sglang, sglang_parser):
+    """The flag config validation names (contract.config.STRICT_THINKING_FLAG), passed
+    through extra_args, reaches SGLang's server args; the test pool runs with it."""
+    cfg = SGLangEngineConfig(kind="sglang", model_path="Qwen/Qwen3.6-27B",
+                             extra_args={STRICT_THINKING_FLAG: True})
+    args = sglang_parser.parse_args(_argv(cfg))
+    assert args.enable_strict_thinking is True and args.reasoning_parser == "qwen3"
 
 
 def test_unknown_sampling_key_is_rejected_by_sglang(sglang):

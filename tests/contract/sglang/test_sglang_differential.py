@@ -188,6 +188,19 @@ def test_error_bodies_match(sglang_stack, sim, sampling):
     assert simulated == real
 
 
+@pytest.mark.parametrize("budget, status", [(5, 400), (-1, 400)])
+def test_a_thinking_budget_without_strict_thinking_is_the_same_400(sglang_stack, sim, budget,
+                                                                   status):
+    """The stack runs without --enable-strict-thinking, as the simulator by default: its
+    tokenizer manager refuses max_thinking_tokens; a negative one fails its contract."""
+    real, simulated = both(sglang_stack, sim, chat_ids(QUESTION),
+                           {"max_new_tokens": 4, "max_thinking_tokens": budget})
+    assert real[0] == status and simulated == real, (real, simulated)
+    expect = ("requires the server to be launched with --enable-strict-thinking" if budget >= 0
+              else "invalid value: integer `-1`, expected u64")
+    assert expect in json.dumps(real[1])
+
+
 @pytest.mark.parametrize("top_k", [0, -5])
 def test_greedy_sampling_ignores_top_k_in_both(sglang_stack, sim, top_k):
     """temperature 0 is greedy: SGLang sets top_k = 1 before it checks the range

@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.integration]
 def sim():
     proc = SimProcess(SimulatorSettings(context_length=sglang_cpu.CONTEXT, time_scale=0.0,
                                         accept_length=0.0, length_median_tokens=30.0,
-                                        max_running_requests=16))
+                                        max_running_requests=16,
+                                        enable_strict_thinking=True))  # as the pool
     try:
         proc.wait_listening()
         yield proc
@@ -94,6 +95,27 @@ def test_length_finish(real, sim):
 def test_eos_on_the_last_allowed_token_is_a_stop(real, sim):
     r, _ = both(real, sim, CHAT, {"max_new_tokens": len(sglang_cpu.OUTPUT_IDS), "temperature": 0})
     assert r[1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": tk.EOS_ID}
+
+
+def _after_think_end(body: dict) -> int:
+    ids = body["output_ids"]
+    return len(ids) - ids.index(tk.THINK_END_ID)
+
+
+@pytest.mark.parametrize("budget", [0, 3])
+def test_the_thinking_budget_ends_the_thinking_alike(real, sim, budget):
+    """Both think budget tokens, then </think> (counted as reasoning), then the answer the
+    prompt would have had (as long as without the budget; the models' tokens differ)."""
+    sampling = {"max_new_tokens": 200, "temperature": 0}
+    free = both(real, sim, CHAT, sampling)
+    r, s = both(real, sim, CHAT, dict(sampling, max_thinking_tokens=budget))
+    assert_same_shape(r, s)
+    for (_, cut), (_, whole) in zip((r, s), free):
+        assert whole["meta_info"]["reasoning_tokens"] > budget + 1  # the budget does cut
+        assert cut["output_ids"].index(tk.THINK_END_ID) == budget
+        assert cut["meta_info"]["reasoning_tokens"] == budget + 1
+        assert _after_think_end(cut) == _after_think_end(whole)
+        assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": tk.EOS_ID}
 
 
 def test_stop_string_and_stop_id(real, sim):

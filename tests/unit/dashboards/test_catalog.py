@@ -85,6 +85,7 @@ def test_names_follow_prometheus_conventions():
 
 
 def test_relay_names_map_back_to_sglangs_names():
-    assert mc.relay_name("sglang:time_to_first_token_seconds_bucket") == "sglang_time_to_first_token_seconds_bucket"
-    # Every Ray export of a relayed name, ray_sglang_<x>, is renamed by the scrape config to sglang:<x>.
-    assert all(s.startswith(mc.SGLANG_PREFIX) for s in mc.SGLANG_SERIES)
+    assert mc.relay_name("sglang:time_to_first_token_seconds_bucket") == "relay_sglang_time_to_first_token_seconds_bucket"
+    assert mc.ray_dashboard_name("sglang:time_to_first_token_seconds_bucket") == "sglang_time_to_first_token_seconds_bucket"
+    # Every Ray export of a relayed name, ray_relay_sglang_<x>, is renamed by the scrape config to sglang:<x>.
+    assert all(s.startswith(mc.SGLANG_PREFIX) for s in mc.SGLANG_SERIES | mc.RAY_DASHBOARD_SGLANG_FAMILIES)

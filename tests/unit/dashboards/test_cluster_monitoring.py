@@ -58,8 +58,10 @@ def test_scrape_config_renames_relayed_sglang_metrics():
     rule = mc.SGLANG_RELABEL
     # Prometheus anchors the regex and expands $1 like re's \1.
     assert re.sub(rf"^{rule['regex']}$", rule["replacement"].replace("$1", r"\1"),
-                  "ray_sglang_time_to_first_token_seconds_bucket") == "sglang:time_to_first_token_seconds_bucket"
+                  "ray_relay_sglang_time_to_first_token_seconds_bucket") == "sglang:time_to_first_token_seconds_bucket"
     assert not re.fullmatch(rule["regex"], "ray_raygen_output_tokens_total")
+    # The copy Ray's Serve LLM SGLang dashboard reads keeps Ray's name.
+    assert not re.fullmatch(rule["regex"], "ray_sglang_time_to_first_token_seconds_bucket")
 
 
 def test_kuberay_heads_point_ray_at_kube_prometheus_stack():

@@ -68,18 +68,19 @@ def test_engine_relay_forwards_every_sglang_sample_under_its_relay_name(monkeypa
     _Gauge.made = {}
     relay = replica_metrics.EngineRelay()
     assert relay.relay(ENGINE_TEXT) == 6  # not the non-SGLang process metric
-    g = _Gauge.made
+    g = {name: gauge for name, gauge in _Gauge.made.items() if name.startswith(mc.RELAY_PREFIX)}
     assert set(g) == {mc.relay_name(n) for n in (
         "sglang:num_running_reqs", "sglang:generation_tokens_total", "sglang:time_to_first_token_seconds_bucket",
         "sglang:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_count")}
     # Counters and buckets keep the engine's cumulative value and labels (le included).
-    assert g["sglang_generation_tokens_total"].values == {(("model_name", "m"),): 120.0}
-    assert g["sglang_time_to_first_token_seconds_bucket"].values == {
+    assert g["relay_sglang_generation_tokens_total"].values == {(("model_name", "m"),): 120.0}
+    assert g["relay_sglang_time_to_first_token_seconds_bucket"].values == {
         (("le", "0.1"), ("model_name", "m")): 2.0, (("le", "+Inf"), ("model_name", "m")): 5.0}
     # A later sample with other label names is skipped, not an error (Ray rejects undeclared tags).
     assert relay.relay('sglang:num_running_reqs{model_name="m",tp_rank="0"} 1.0\n') == 0
     assert relay.relay('sglang:num_running_reqs{model_name="m"} 4.0\n') == 1
-    assert g["sglang_num_running_reqs"].values == {(("model_name", "m"),): 4.0}
+    assert g["relay_sglang_num_running_reqs"].values == {(("model_name", "m"),): 4.0}
+    assert _Gauge.made["sglang_num_running_reqs"].values == {(("model_name", "m"),): 4.0}
 
 
 def test_new_config_keys_are_validated_with_a_clear_error():

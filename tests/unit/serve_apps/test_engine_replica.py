@@ -31,7 +31,8 @@ class FakeClient:
     async def detokenize(self, ids: list[int]) -> str:
         return "".join(map(chr, ids))
 
-    async def generate(self, ids: list[int], sampling: dict[str, Any], rid: str) -> EngineOutput:
+    async def generate(self, ids: list[int], sampling: dict[str, Any], rid: str,
+                       require_reasoning: bool = True) -> EngineOutput:
         if isinstance(self.answer, Exception):
             raise self.answer
         out = [ord(c) for c in self.answer]

@@ -31,3 +31,47 @@ class _DefineTorchvisionOps(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _DefineTorchvisionOps())
+
+
+# --- strict thinking (--enable-strict-thinking, the per-request thinking budget) ---------
+# SGLang 0.5.23 applies the strict-thinking token mask through
+# XGrammarGrammarBackend.apply_vocab_mask, which has no CPU branch ("Unsupported device:
+# cpu"); its sibling XGrammarGrammar.apply_vocab_mask has one: xgrammar's own CPU kernel.
+# The backend's gets that same branch when the module loads; nothing else changes.
+
+_XGRAMMAR_BACKEND = "sglang.srt.constrained.xgrammar_backend"
+
+
+def _cpu_vocab_mask(original):
+    def apply_vocab_mask(logits, vocab_mask):
+        if logits.device.type == "cpu":
+            from xgrammar import apply_token_bitmask_inplace
+            apply_token_bitmask_inplace(logits, vocab_mask, backend="cpu")
+            return
+        original(logits, vocab_mask)
+    return staticmethod(apply_vocab_mask)
+
+
+class _PatchXGrammarBackend(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != _XGRAMMAR_BACKEND:
+            return None
+        sys.meta_path.remove(self)  # find the real module once, then wrap its loading
+        try:
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            backend = module.XGrammarGrammarBackend
+            backend.apply_vocab_mask = _cpu_vocab_mask(backend.apply_vocab_mask)
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+sys.meta_path.insert(0, _PatchXGrammarBackend())

@@ -1,0 +1,69 @@
+"""The report's thinking-budget section: what job.sampling.max_thinking_tokens did.
+
+One entry per budget the run's rows ran under (``None``: rows sent without one, e.g.
+parts written before the column existed), in that order, so a run with rows under
+several budgets reads as before and after. Each says how many rows were cut at
+max_new_tokens while thinking (no answer at all) and in the answer, and how many had
+their thinking ended at the budget: SGLang forces the think end once a row has thought
+that many tokens, so such a row's reasoning (which counts the think end) exceeds it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pandas as pd
+
+
+def _num(x: float) -> Optional[float]:
+    return None if pd.isna(x) else round(float(x), 1)
+
+
+def thinking_budgets(df: pd.DataFrame) -> list[dict[str, Any]]:
+    budget = df["max_thinking_tokens"]
+    values: list[Optional[int]] = [None] if budget.isna().any() else []
+    values += sorted(int(v) for v in budget.dropna().unique())
+    out = []
+    for value in values:
+        rows = df[budget.isna()] if value is None else df[budget == value]
+        cut = rows["finish_reason"] == "length"
+        done = rows["finished_thinking"].fillna(False).astype(bool)
+        reasoning = rows["reasoning_tokens"].astype(float)
+        out.append({
+            "max_thinking_tokens": value, "rows": len(rows),
+            "truncated": int(cut.sum()),
+            "truncated_while_thinking": int((cut & ~done).sum()),
+            "truncated_in_answer": int((cut & done).sum()),
+            "thinking_ended_at_budget": (None if value is None
+                                         else int((done & (reasoning > value)).sum())),
+            "mean_reasoning_tokens": _num(reasoning.mean()),
+            "mean_output_tokens": _num(rows["completion_tokens"].astype(float).mean()),
+        })
+    return out
+
+
+def _cell(x: Any) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def _name(entry: dict[str, Any]) -> str:
+    return "none" if entry["max_thinking_tokens"] is None else _cell(entry["max_thinking_tokens"])
+
+
+def in_effect(entries: list[dict[str, Any]]) -> str:
+    """The budgets in effect for the report's header: "none (300 rows)", "128 (300 rows)"."""
+    return ", ".join(f"{_name(e)} ({e['rows']:,} rows)" for e in entries) or "-"
+
+
+def budgets_md(entries: list[dict[str, Any]]) -> list[str]:
+    """The markdown section; nothing for a run that never set a budget."""
+    if all(e["max_thinking_tokens"] is None for e in entries):
+        return []
+    lines = ["## Thinking budget (max_thinking_tokens)", "",
+             "| budget | rows | truncated | cut thinking | cut answer | thinking ended at "
+             "budget | mean reasoning tok | mean output tok |", "|" + "---|" * 8]
+    for e in entries:
+        lines.append("| " + " | ".join([_name(e)] + [_cell(e[k]) for k in (
+            "rows", "truncated", "truncated_while_thinking", "truncated_in_answer",
+            "thinking_ended_at_budget", "mean_reasoning_tokens", "mean_output_tokens")]) + " |")
+    return lines + [""]
