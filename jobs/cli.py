@@ -30,6 +30,7 @@ COMMANDS = {  # name: (one-line help, examples)
                  ["raygen generate --config jobs/configs/demo.yaml",
                   "raygen generate --config FILE --set job.max_new_tokens=8192",
                   "raygen generate --config FILE --retry-failed",
+                  "raygen generate --config FILE --regenerate-flagged",
                   "raygen generate --config FILE --dry-run",
                   "raygen generate --config FILE --pilot 500 --set job.max_new_tokens=16384"]),
     "continue": ("continue truncated rows token-exactly up to a larger total budget",

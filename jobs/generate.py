@@ -45,6 +45,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--check-context", action="store_true",
                       help="only count prompts that cannot get their full budget within the "
                            "engine's context length (writes <run>/context_check.json)")
+    mode.add_argument("--regenerate-flagged", action="store_true",
+                      help="send again, as new versions of their keys, every latest row "
+                           "with integrity flags and every row a drained replica condemned "
+                           "(these follow any session that succeeds by themselves)")
     mode.add_argument("--pilot", type=int, default=None, metavar="N",
                       help="run ~N prompts stratified by category as <run>-pilot (use a "
                            "high --set job.max_new_tokens) and report the what-if per cap")
@@ -62,7 +66,7 @@ def add_continue_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-total-tokens", type=int, required=True, metavar="N",
                         help="the new total output budget per row")
     parser.set_defaults(continue_truncated=True, retry_failed=False, check_context=False,
-                        pilot=None, dry_run=False)
+                        pilot=None, dry_run=False, regenerate_flagged=False)
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -73,7 +77,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 # --dry-run plans a plain or --retry-failed run; these modes deploy engines to plan.
-DRY_RUN_CONFLICTS = ("continue_truncated", "check_context", "pilot", "max_total_tokens")
+DRY_RUN_CONFLICTS = ("continue_truncated", "check_context", "pilot", "max_total_tokens",
+                     "regenerate_flagged")
 
 
 def dry_run_conflict(args: argparse.Namespace) -> Optional[str]:
@@ -108,6 +113,23 @@ def _leave_now(code: int) -> None:
     os._exit(code)
 
 
+def follow_up(cfg, mode, summary, run_job, stop_exc):
+    """The session's summary, then regenerate sessions while drained replicas' condemned
+    rows remain (jobs/runs/regenerate.py)."""
+    from jobs.io.run_store import RunStore
+    from jobs.pipeline.settings import REGENERATE, RunMode
+    from jobs.runs import regenerate
+    if mode.regenerates:
+        summary.text += "\n" + regenerate.session_line(summary.progress)
+    store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+
+    def session():
+        done = run_job(cfg, RunMode(REGENERATE), stop_exc=stop_exc)
+        done.text += "\n" + regenerate.session_line(done.progress)
+        return done
+    return regenerate.follow_up(store, summary, session)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     return run(parse_args(argv))
 
@@ -127,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     from jobs.pipeline.settings import RunMode  # heavy imports only after the config
     from jobs.runs.run import RunError, dry_run, run_job
     mode = RunMode.of_flags(args.retry_failed, args.continue_truncated, args.max_total_tokens,
-                            args.pilot)
+                            args.pilot, args.regenerate_flagged)
     if args.dry_run:
         try:
             summary = dry_run(cfg, mode)
@@ -142,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = pilot_config(cfg, mode.pilot_rows)
     try:
         summary = run_job(cfg, mode, stop_exc=Stopped, check_context=args.check_context)
+        if not args.check_context:  # rows drained replicas condemned: regenerated now
+            summary = follow_up(cfg, mode, summary, run_job, Stopped)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if exc.fenced:  # this process has nothing left to do but wait on the store

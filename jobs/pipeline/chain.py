@@ -17,6 +17,7 @@ from jobs.pipeline.generate_stage import GenerateRows
 from jobs.pipeline.admission import admit_batch
 from jobs.pipeline.settings import StageSettings
 from jobs.pipeline.sink import RunSink
+from jobs.io.run_store import RunStore
 from jobs.io.sources import PromptFiles
 from jobs.io.storage import Location
 from jobs.pipeline.validate import validate_batch
@@ -59,9 +60,10 @@ def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSetti
 def generate(ds: ray.data.Dataset, cfg: RunConfig, stage: StageSettings) -> ray.data.Dataset:
     """The autoscaled pool of async generate actors (also used by continuation)."""
     job = cfg.job
+    store = RunStore.for_run(job.output, job.run_name, cfg.storage)  # drains recorded there
     return ds.map_batches(
         GenerateRows, batch_format="pyarrow", batch_size=job.batch_size,
-        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name, stage),
+        fn_constructor_args=(cfg.serve.app_name, cfg.serve.deployment_name, stage, store),
         compute=actor_pool(job.min_actors, job.max_actors),
         max_concurrency=job.max_batches_per_actor, num_cpus=LIGHT_CPU)
 

@@ -2,7 +2,8 @@
 
 Row contract: reads an admitted row (key, id, category, messages, tools, source, line,
 prompt_hash; rejects never get here: the driver's admission pass writes them) or, in a
-continue run (``StageSettings.continue_to``), a data/ row; outputs STAGE_OUTPUT rows
+continue or regenerate run (``StageSettings.continue_to`` / ``regenerate``), a data/ row
+(regenerated: its prompt sent again, written as its next version); outputs STAGE_OUTPUT rows
 whose ``_kind`` says where they go (data / failures).
 
 Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
@@ -10,14 +11,16 @@ concurrent batches (row-level slots, ``jobs.pipeline.row_sender``), so when one 
 next one starts at once: a slow 8K-token row holds one slot, not its whole batch. Rows
 ready together share one handle call (``job.rows_per_call``). A failed row is routed by
 its error class (contract.outcomes): retried with backoff, or a failure row; the
-breaker stops the job when the fleet is down or the run is misconfigured.
+breaker stops the job when the fleet is down or the run is misconfigured. A result
+from a drained replica carries the rows it condemns: recorded under the run before the
+row is returned (jobs/io/condemned.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Optional
 
 import pyarrow as pa
 from ray import serve
@@ -31,11 +34,15 @@ from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff
 from jobs.pipeline.row_sender import RowSender
 from jobs.pipeline.rows import continued_row, data_row, failure_row, to_table
 from jobs.pipeline.settings import StageSettings
+from jobs.io.condemned import write_record
+from jobs.io.run_store import RunStore
 
 
 class GenerateRows:
-    def __init__(self, app_name: str, deployment_name: str, stage: StageSettings):
-        self.stage = stage
+    def __init__(self, app_name: str, deployment_name: str, stage: StageSettings,
+                 run_store: Optional[RunStore] = None):
+        self.stage, self.run_store = stage, run_store  # run_store: where drains are recorded
+        self.recorded: set[str] = set()  # replicas whose drain this actor has recorded
         handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
         self.sender = RowSender(handle, stage.inflight_rows_per_actor, stage.rows_per_call,
                                 stage.call_linger_s, stage.call_timeout_s)
@@ -81,10 +88,14 @@ class GenerateRows:
                 retryable = route(error_class).retryable
             if error_class is None:
                 self.breaker.record(False)
+                if result.drained:
+                    await self._record_drain(result.drained)
                 if self.stage.continue_to:
                     out = continued_row(row, result, self.stage, attempt)
                 else:
                     out = data_row(row, result, self.stage, attempt)
+                    if self.stage.regenerate:  # a new output of a key data/ holds
+                        out["version"] = row["version"] + 1
                 self.integrity.record(result.replica, out["integrity_flags"])
                 return dict(out, retry_classes=retried)
             if retryable and attempt < self.retries.max_attempts:
@@ -95,6 +106,13 @@ class GenerateRows:
             out = failure_row(row, error_class, message, attempt, self.stage, replica)
             self._judge(error_class, message)
             return dict(out, retry_classes=retried)
+
+    async def _record_drain(self, drained: dict) -> None:
+        """Once per drained replica and actor; the same bytes whoever writes them."""
+        if self.run_store is None or drained["replica"] in self.recorded:
+            return
+        await asyncio.to_thread(write_record, self.run_store, drained)
+        self.recorded.add(drained["replica"])
 
     def _check_engine(self, result) -> None:
         """Only rows from the engine this run deployed are this run's rows (their model

@@ -42,6 +42,7 @@ def output_settings(engine: Any, context_policy: str) -> dict[str, Any]:
 
 
 FRESH, RETRY_FAILED, CONTINUE, PILOT = "fresh", "retry-failed", "continue", "pilot"
+REGENERATE = "regenerate"  # rows drained replicas condemned (+ flagged ones): new versions
 CALL_TIMEOUT_MARGIN_S = 60.0
 
 
@@ -49,18 +50,22 @@ CALL_TIMEOUT_MARGIN_S = 60.0
 class RunMode:
     """Which rows a session sends: chosen once, from the CLI flags (:meth:`of_flags`)."""
 
-    kind: str = FRESH                  # fresh | retry-failed | continue | pilot
+    kind: str = FRESH                  # fresh | retry-failed | continue | pilot | regenerate
     retry_failed: bool = False         # also send the keys in failures/ (not for continue)
     continue_to: Optional[int] = None  # continue: the new total output budget per row
     pilot_rows: Optional[int] = None   # pilot: ~N prompts stratified by category
+    regenerate_flagged: bool = False   # regenerate: rows with integrity flags too
 
     @classmethod
     def of_flags(cls, retry_failed: bool = False, continue_truncated: bool = False,
                  max_total_tokens: Optional[int] = None,
-                 pilot: Optional[int] = None) -> "RunMode":
+                 pilot: Optional[int] = None,
+                 regenerate_flagged: bool = False) -> "RunMode":
         """The jobs.generate flags as one mode. A pilot is its own run (``<run>-pilot``)
         and may retry its failures; --continue-truncated wants --max-total-tokens,
         which its plan checks (jobs/runs/plans.py)."""
+        if regenerate_flagged:
+            return cls(REGENERATE, regenerate_flagged=True)
         if continue_truncated:
             return cls(CONTINUE, continue_to=max_total_tokens, pilot_rows=pilot)
         if pilot:
@@ -70,6 +75,10 @@ class RunMode:
     @property
     def continues(self) -> bool:
         return self.kind == CONTINUE
+
+    @property
+    def regenerates(self) -> bool:
+        return self.kind == REGENERATE
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class StageSettings:
     breaker: BreakerConfig
     metrics_category_limit: int
     continue_to: Optional[int] = None  # a continue run: rows are data/ rows to extend
+    regenerate: bool = False  # rows are data/ rows to generate again, as version + 1
     call_timeout_s: Optional[float] = None  # no result from a replica for this long: stuck
     engine_config_hash: str = ""  # what this run deployed: a result from another engine stops it
     app_name: str = ""            # for that message
@@ -116,6 +126,7 @@ class StageSettings:
             retries=job.retries, breaker=job.breaker,
             metrics_category_limit=job.metrics_category_limit,
             continue_to=mode.continue_to if mode.continues else None,
+            regenerate=mode.regenerates,
             # No row may take longer than the engine's own request timeout; the margin
             # covers the replica's tokenize/detokenize calls around it.
             call_timeout_s=cfg.engine.request_timeout_s + CALL_TIMEOUT_MARGIN_S,

@@ -83,7 +83,8 @@ def _read_rows(batch: pa.Table, run_uri: str, storage) -> pa.Table:
 
 def build(cfg: RunConfig, store: RunStore, rows: dict[str, list[int]],
           stage: StageSettings) -> ray.data.Dataset:
-    """Continue the chosen rows (rows_to_read) to ``stage.continue_to`` tokens."""
+    """Continue the chosen rows (rows_to_read) to ``stage.continue_to`` tokens (or, in a
+    regenerate run, send their prompts again: jobs/runs/regenerate.py)."""
     if not rows:  # nothing to continue: an empty dataset of data/ rows
         return pipeline.generate(ray.data.from_arrow(DATA.empty_table()), cfg, stage)
     items = [{"path": path, "rows": positions} for path, positions in rows.items()]

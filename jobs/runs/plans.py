@@ -9,6 +9,8 @@ is up). The mode itself is chosen once, from the CLI flags (``RunMode.of_flags``
   the inputs (a pilot's config already points at its sample, jobs/runs/pilot.py);
   new rejects are written, the reject guard may stop the run.
 - continue: the truncated rows of data/ (jobs/runs/continuation.py), token-exactly.
+- regenerate: the rows drained replicas condemned, with --regenerate-flagged also the
+  flagged ones, sent again and written as new versions (jobs/runs/regenerate.py).
 
 What the run already holds comes from one place, its run index (jobs/io/run_index.py),
 read once under the run's lease. ``dry_run`` says what a session would send, without
@@ -34,7 +36,7 @@ from jobs.io.storage import Location, locate, write_json_atomic
 from jobs.pipeline import chain as pipeline
 from jobs.pipeline.admission import Admission, admit_inputs, describe_changes, reject_writer
 from jobs.pipeline.settings import RunMode, StageSettings
-from jobs.runs import continuation
+from jobs.runs import continuation, regenerate
 from jobs.runs.errors import RunError
 from jobs.runs.preflight import RejectTally, plan_text, reject_problem
 from jobs.runs.progress import InputCounts, ProgressTracker
@@ -63,6 +65,8 @@ def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunInde
          mode: RunMode, stage: StageSettings) -> Plan:
     if mode.continues:
         return continue_plan(cfg, store, inputs, index, mode, stage)
+    if mode.regenerates:
+        return regenerate_plan(cfg, store, inputs, index, mode, stage)
     return admission_plan(cfg, store, inputs, index, mode, stage)
 
 
@@ -75,6 +79,19 @@ def continue_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index
     logger.info("continuing %d truncated rows to %d total tokens", len(wanted), target)
     return Plan(total, expect_all=False,
                 build=lambda: continuation.build(cfg, store, rows, stage))
+
+
+def regenerate_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
+                    mode: RunMode, stage: StageSettings) -> Plan:
+    """The rows drained replicas condemned (and flagged rows): their prompts again, as
+    new versions (jobs/runs/regenerate.py), under the run's own settings and budget."""
+    check_settings(index, stage.settings_hash, stage.max_new_tokens, stage.run,
+                   stage.legacy_settings_hash)
+    found = regenerate.targets(store, index, mode.regenerate_flagged)
+    regenerate.check_settings(found, stage.settings_hash)
+    logger.info("regenerating %s as new versions", regenerate.describe(found))
+    return Plan(input_total(store, inputs, cfg.job.limit), expect_all=False,
+                build=lambda: continuation.build(cfg, store, found.rows, stage))
 
 
 def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -> int:

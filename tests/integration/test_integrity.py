@@ -3,7 +3,10 @@ broken outputs that still report success (token id 0 looping, then EOS; as SGLan
 #36537) through the engine's own /sim/faults. Every row that replica made is flagged in
 data/, no row of the sound replica is; the broken replica drains itself after its
 window (engine.drain_window_rows) and Serve replaces it with a sound one; the run
-completes; the export leaves the flagged rows out and counts them in its manifest."""
+completes; the export leaves the flagged rows out and counts them in its manifest. The drain
+condemns its rows (<run>/condemned/); a plain rerun regenerates them as new versions,
+so every key's latest row is sound. A third engine fault (drift: sound-looking outputs
+that differ) is caught by the canary alone."""
 
 from __future__ import annotations
 
@@ -11,9 +14,12 @@ import json
 
 import pytest
 
-from jobs import cli
+from jobs import cli, generate
+from jobs.io.condemned import read_records
+from jobs.io.run_index import latest_rows
 from tests.integration.helpers import (deploy, read, replica_infos, run, run_config, set_faults,
-                                       write_prompts, write_yaml)
+                                       store_of, write_prompts, write_yaml)
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -22,8 +28,8 @@ ROWS = 240
 WINDOW = 16
 
 
-def test_a_replica_returning_broken_outputs_is_flagged_and_kept_out_of_the_export(
-        ray_cluster, s3_endpoint, tmp_path):
+def test_a_replica_returning_broken_outputs_is_flagged_drained_and_its_rows_regenerated(
+        ray_cluster, s3_endpoint, tmp_path, capsys):
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP,
                       engine={"drain_window_rows": WINDOW},
@@ -60,5 +66,40 @@ def test_a_replica_returning_broken_outputs_is_flagged_and_kept_out_of_the_expor
     sound_ids = set(data[data.replica != broken]["id"]) & set(
         data[data.finish_reason == "stop"]["id"])
     assert {r["id"] for r in exported} == sound_ids
+
+    # The drain condemned every row it made (its window and those it held); a plain rerun
+    # has nothing new to send and regenerates them as version 1, elsewhere.
+    (record,) = read_records(store_of(tree))
+    assert record["replica"] == broken
+    assert set(record["keys"]) == set(data[data.replica == broken]["key"])
+    assert generate.main(["--config", str(cfg)]) == 0
+    assert f"regenerated: {n_broken} rows as new versions" in capsys.readouterr().out
+    after = read(tree, "data")
+    latest = latest_rows(after)
+    assert len(latest) == ROWS and latest["key"].is_unique
+    assert all(len(f) == 0 for f in latest["integrity_flags"])
+    redone = latest[latest.version == 1]
+    assert set(redone["key"]) == set(record["keys"]) and broken not in set(redone["replica"])
+    assert len(after) == ROWS + n_broken  # every version kept, each once
     print(f"\nintegrity: {n_broken} of {len(data)} rows flagged (replica {broken}, drained "
-          f"and replaced), exported {len(exported)}")
+          f"and replaced), exported {len(exported)}, {len(redone)} regenerated")
+
+
+def test_a_replica_whose_greedy_outputs_drift_is_caught_by_the_canary(ray_cluster, s3_endpoint,
+                                                                      tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 4)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-canary",
+                      engine={"canary_interval_s": 1},
+                      serve={"autoscaling": {"min_replicas": 3, "max_replicas": 3}})
+    deploy(tree)
+    infos = replica_infos("raygen-canary", 3, where=lambda i: i["canary_digest"])
+    assert len({i["canary_digest"] for i in infos.values()}) == 1  # sound engines agree
+    (drift, drift_url), *sound = sorted((r, i["engine_url"]) for r, i in infos.items())
+    set_faults([drift_url], broken_output="drift")
+
+    def replaced():
+        now = replica_infos("raygen-canary", 3, where=lambda i: i["canary_digest"]
+                            and not i["drained"])
+        return drift not in now and {r for r, _ in sound} <= set(now) and now
+    now = wait_until(replaced, 90, "the drifting replica drained and replaced")
+    assert len({i["canary_digest"] for i in now.values()}) == 1
