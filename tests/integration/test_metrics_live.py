@@ -53,6 +53,7 @@ from dashboards import metrics_catalog as mc
 from dashboards import promql as q
 from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import CLEAR_FAULTS, engine_urls, read, run, set_faults, write_yaml
+from tests.support import ray_dashboards as rd
 from tests.support.prometheus import (INTERVAL_S, Prom, PromError, panel_targets, running_prometheus,
                                       session_dir, substitute, wait_for)
 
@@ -410,8 +411,11 @@ def test_sglang_metrics_arrive_under_sglangs_names_per_replica(live):
     prom = live.prom
     names = set(prom.api("label/__name__/values", **{"match[]": '{__name__=~"sglang:.*"}'}))
     assert mc.SGLANG_SERIES <= names, f"missing: {sorted(mc.SGLANG_SERIES - names)}"
-    assert not prom.api("label/__name__/values", **{"match[]": '{__name__=~"ray_sglang_.*"}'}), \
+    assert not prom.api("label/__name__/values", **{"match[]": '{__name__=~"ray_relay_sglang_.*"}'}), \
         "relayed series left under their Ray name"
+    # The copy for Ray's SGLang dashboard: only families that dashboard reads.
+    ray_names = prom.api("label/__name__/values", **{"match[]": '{__name__=~"ray_sglang_.*"}'})
+    assert ray_names and {rd.family(n) for n in ray_names} <= mc.RAY_DASHBOARD_SGLANG_FAMILIES, ray_names
     # Every replica's engine: the counted run went through both replicas of the app.
     per_replica = prom.query(f'sum by (replica, model_name) (sglang:time_to_first_token_seconds_count'
                              f'{{application="{APP}"}})', live.t_eval)
