@@ -399,21 +399,6 @@ class AutoscalingConfig(StrictModel):
         return self
 
 
-class PrefixAffinityConfig(StrictModel):
-    enabled: bool = Field(
-        False, description="Route rows sharing a prompt prefix to one replica (raygen's "
-        "router, serve_apps/prefix_router.py) instead of Serve's default spread, so each "
-        "engine's radix cache holds its share of the shared prefixes. Off by default: on "
-        "the real engine it moved the cached-token share by no more than run-to-run noise "
-        "(BENCHMARKS.md, prefix affinity).")
-    prefix_chars: int = Field(
-        128, ge=1, description="Rows whose prompts (tools + messages JSON) agree on this "
-        "many first characters share a key and a replica.")
-    max_load_factor: float = Field(
-        1.25, ge=1.0, description="A key's replica is skipped for the next one when it "
-        "would carry more than this times the fleet's mean ongoing calls.")
-
-
 class ServeConfig(StrictModel):
     """The Serve application: replicas (one per GPU), autoscaling, health checks."""
 
@@ -433,7 +418,6 @@ class ServeConfig(StrictModel):
         None, ge=0, description="GPUs per replica; default 1 for sglang, 0 for the simulator.")
     reuse_running_app: bool = Field(
         True, description="Attach to a running app of the same name instead of redeploying it.")
-    prefix_affinity: PrefixAffinityConfig = Field(default_factory=PrefixAffinityConfig)
 
 
 class EngineSections(BaseModel):

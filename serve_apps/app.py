@@ -38,10 +38,6 @@ def deployment_options(engine: EngineConfig, cfg: ServeConfig) -> dict[str, Any]
         "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
         # One access-log line per row drowns the engine's own log at 900K rows.
         "logging_config": {"enable_access_log": False},
-        **({"request_router_config": {
-            "request_router_class": "serve_apps.prefix_router.PrefixAffinityRouter",
-            "request_router_kwargs": {"max_load_factor": cfg.prefix_affinity.max_load_factor}}}
-           if cfg.prefix_affinity.enabled else {}),
     }
 
 

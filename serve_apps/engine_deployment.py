@@ -216,11 +216,9 @@ class EngineReplica:
         result.engine_config_hash = self.config_hash
         return result
 
-    async def generate_many(self, requests: list[GenerateRequest],
-                            affinity: Optional[str] = None) -> AsyncIterator[GenerateResult]:
-        """Stream results in completion order (callers match them by ``key``).
-        ``affinity``: the requests' prefix key, read by Serve's router on the caller's
-        side (serve_apps/prefix_router.py); nothing here."""
+    async def generate_many(self, requests: list[GenerateRequest]
+                            ) -> AsyncIterator[GenerateResult]:
+        """Stream results in completion order (callers match them by ``key``)."""
         tasks = [asyncio.ensure_future(self.generate(r)) for r in requests]
         try:
             for next_done in asyncio.as_completed(tasks):

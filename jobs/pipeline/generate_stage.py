@@ -27,7 +27,6 @@ from ray import serve
 
 from contract.outcomes import ENGINE, ROW, route
 from contract.protocol import GenerateRequest
-from jobs.pipeline.affinity import prefix_key
 from jobs.pipeline.category_cap import CategoryCap
 from jobs.pipeline.integrity_metrics import IntegrityCounters
 from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
@@ -70,11 +69,10 @@ class GenerateRows:
 
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
         request, attempt, retried, alone = self._request(row), 0, [], False
-        key = prefix_key(row, self.stage.affinity_prefix_chars)
         while True:
             attempt += 1
             try:
-                result = await self.sender.send(request, alone=alone, key=key)
+                result = await self.sender.send(request, alone=alone)
                 self._check_engine(result)
                 error_class, message, replica = (result.error_class, result.error_message,
                                                  result.replica)

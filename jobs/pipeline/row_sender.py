@@ -13,12 +13,6 @@ linger lets a few gather instead of paying a call per row. It delays a refill by
 most ``linger_s``, which the engines' queued requests cover (rows run for seconds on
 the simulator, minutes on GPUs).
 
-``send(request, key=K)`` (prefix affinity, ``serve.prefix_affinity``): a call carries
-rows of one key only, and the key goes with it (``generate_many.remote(requests,
-affinity=K)``) for Serve's router to pick that key's replica (serve_apps/prefix_router.py).
-Each key gathers its own chunk under the same full-or-linger rule; rows without a key
-share one chunk, as before.
-
 ``send(request, alone=True)`` gives a row a call of its own: after replica code raised
 on a shared call, each of its rows is sent alone so only the poison row fails.
 
@@ -51,22 +45,19 @@ class RowSender:
         self.call_timeout_s = call_timeout_s
         self._sent = 0  # request ids: unique per send of this sender
         self._free = inflight_rows  # in-flight slots; only the dispatcher takes them
-        # (request, its future, sent alone, affinity key)
-        self._queue: deque[tuple[GenerateRequest, asyncio.Future, bool, Optional[str]]] = deque()
+        self._queue: deque[tuple[GenerateRequest, asyncio.Future, bool]] = deque()
         self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
         self._dispatcher: Optional[asyncio.Task] = None
         self._calls: set[asyncio.Task] = set()  # the loop keeps only weak references
 
-    async def send(self, request: GenerateRequest, alone: bool = False,
-                   key: Optional[str] = None) -> GenerateResult:
-        """The replica's result for one request; raises what the handle call raised.
-        ``key``: the row's prefix key (its call carries only rows of that key)."""
+    async def send(self, request: GenerateRequest, alone: bool = False) -> GenerateResult:
+        """The replica's result for one request; raises what the handle call raised."""
         if self._dispatcher is None or self._dispatcher.done():
             self._start()
         self._sent += 1
         request.request_id = f"{request.key}#{self._sent}"
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((request, future, alone, key))
+        self._queue.append((request, future, alone))
         self._changed.set()
         return await future
 
@@ -85,7 +76,7 @@ class RowSender:
         if exc is not None:
             logger.error("row dispatcher failed: %r", exc)
             while self._queue:
-                future = self._queue.popleft()[1]
+                _, future, _ = self._queue.popleft()
                 if not future.done():
                     future.set_exception(exc)
 
@@ -107,45 +98,34 @@ class RowSender:
 
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
-        # Chunks being gathered, one per key: key -> (rows, when it goes at the latest).
-        gathering: dict[Optional[str], tuple[list, float]] = {}
-        try:
-            while True:
-                while self._queue and self._free:  # each row takes a slot as it joins
-                    entry = self._queue.popleft()
-                    self._free -= 1
-                    if entry[2]:  # a row sent alone shares its call with no other
-                        self._launch([entry], entry[3])
-                        continue
-                    rows, _ = gathering.setdefault(entry[3], ([], loop.time() + self.linger_s))
-                    rows.append(entry)
-                    if len(rows) >= self.rows_per_call:
-                        self._launch(gathering.pop(entry[3])[0], entry[3])
-                now = loop.time()
-                for key in [k for k, (_, due) in gathering.items() if due <= now]:
-                    self._launch(gathering.pop(key)[0], key)
-                await self._wait_change(min((due for _, due in gathering.values()), default=None))
-        except BaseException as exc:  # the rows taken so far are not lost either
-            for rows, _ in gathering.values():
-                for entry in rows:
+        while True:
+            while not (self._queue and self._free):  # the first row needs a row and a slot
+                await self._wait_change(None)
+            chunk, deadline = [], loop.time() + self.linger_s
+            try:
+                while len(chunk) < self.rows_per_call:
+                    if chunk and (chunk[0][2] or (self._queue and self._queue[0][2])):
+                        break  # a row sent alone shares its call with no other
+                    if self._queue and self._free:
+                        self._free -= 1
+                        chunk.append(self._queue.popleft())
+                    elif not await self._wait_change(deadline):
+                        break
+            except BaseException as exc:  # the rows taken so far are not lost either
+                for _, future, _ in chunk:
                     self._release()
-                    if not entry[1].done():
-                        entry[1].set_exception(exc)
-            raise
+                    if not future.done():
+                        future.set_exception(exc)
+                raise
+            call = loop.create_task(self._call(chunk))
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
 
-    def _launch(self, chunk: list, key: Optional[str]) -> None:
-        call = asyncio.get_running_loop().create_task(self._call(chunk, key))
-        self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
-
-    async def _results(self, requests: list[GenerateRequest], key: Optional[str]):
+    async def _results(self, requests: list[GenerateRequest]):
         """The call's stream, each result within the call's deadline."""
         loop = asyncio.get_running_loop()
         deadline = None if self.call_timeout_s is None else loop.time() + self.call_timeout_s
-        remote = self.stream.generate_many.remote
-        # No keyword without a key: a replica of an older raygen takes requests alone.
-        call = remote(requests) if key is None else remote(requests, affinity=key)
-        stream = call.__aiter__()
+        stream = self.stream.generate_many.remote(requests).__aiter__()
         while True:
             timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
             try:
@@ -157,12 +137,12 @@ class RowSender:
                     f"the replica sent no result for {self.call_timeout_s:.0f} s (longer than "
                     f"any row may take): a stuck replica or engine") from None
 
-    async def _call(self, chunk: list, key: Optional[str]) -> None:
-        waiting = {entry[0].request_id: (entry[0].key, entry[1]) for entry in chunk}
+    async def _call(self, chunk: list[tuple[GenerateRequest, asyncio.Future, bool]]) -> None:
+        waiting = {request.request_id: (request.key, future) for request, future, _ in chunk}
         try:
-            async for result in self._results([entry[0] for entry in chunk], key):
+            async for result in self._results([r for r, _, _ in chunk]):
                 rid = getattr(result, "request_id", "") or next(  # a replica that predates ids
-                    (r for r, (k, _) in waiting.items() if k == result.key), None)
+                    (r for r, (key, _) in waiting.items() if key == result.key), None)
                 _, future = waiting.pop(rid, (None, None))
                 if future is not None:
                     self._release()

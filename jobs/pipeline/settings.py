@@ -104,7 +104,6 @@ class StageSettings:
     call_timeout_s: Optional[float] = None  # no result from a replica for this long: stuck
     engine_config_hash: str = ""  # what this run deployed: a result from another engine stops it
     app_name: str = ""            # for that message
-    affinity_prefix_chars: int = 0  # serve.prefix_affinity: rows keyed by prefix; 0 = off
 
     @property
     def max_thinking_tokens(self) -> Optional[int]:
@@ -131,6 +130,4 @@ class StageSettings:
             # No row may take longer than the engine's own request timeout; the margin
             # covers the replica's tokenize/detokenize calls around it.
             call_timeout_s=cfg.engine.request_timeout_s + CALL_TIMEOUT_MARGIN_S,
-            engine_config_hash=deployed_engine_hash(cfg.engine), app_name=cfg.serve.app_name,
-            affinity_prefix_chars=(cfg.serve.prefix_affinity.prefix_chars
-                                   if cfg.serve.prefix_affinity.enabled else 0))
+            engine_config_hash=deployed_engine_hash(cfg.engine), app_name=cfg.serve.app_name)
