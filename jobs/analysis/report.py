@@ -6,9 +6,11 @@
 Design decisions:
 - Every figure is computed over the latest version per key, the row's current state:
   a continued row counts once, with its cumulative tokens and last finish reason.
-  The run index (jobs/io/run_index.py) says which row that is; the data parts are
-  then read one at a time, only the few scalar columns and only the latest rows, never
-  token ids or text, so memory holds one row per key, not every version.
+  The run index (jobs/io/run_index.py) says which row that is; the report's columns of
+  those rows come from the parts' sidecars (format 4 keeps them per row,
+  jobs/io/part_summary.py), read in parallel, so the report reads no data part; a part
+  whose sidecar predates format 4 is read for those few scalar columns instead, never
+  token ids or text. Memory holds one row per key, not every version.
 - The same summary is computed overall, per category and per prompt-length bin by
   one function (group_stats), so the three tables can never disagree in definition.
 - "Truncated" means finish_reason == "length" (cut at the row's budget); split into
@@ -43,7 +45,7 @@ from jobs.analysis.thinking_budget import budgets_md, in_effect, thinking_budget
 from jobs.analysis.token_yield import parse_lengths, yield_report
 from jobs.io.digests import digests_of, sorted_contains
 from jobs.io.part_summary import reject_reason_class
-from jobs.io.run_index import RunIndex, read_latest
+from jobs.io.run_index import RunIndex, read_latest_stats
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
 from jobs.io.storage import write_bytes_atomic, write_json_atomic
@@ -52,8 +54,10 @@ DEGENERATE_REPETITION = 0.5   # share of repeated 4-grams above which an output 
 PROMPT_BINS = [(0, 256, "<256"), (256, 1024, "256-1K"), (1024, 4096, "1K-4K"),
                (4096, math.inf, ">=4K")]
 MD_MAX_CATEGORIES = 30        # markdown table rows; report.json keeps every category
+# Every one is in a format-4 sidecar (part_summary.STATS_COLUMNS + its own; a test keeps
+# it so): a column added here needs a new sidecar format, or the report reads parts.
 REPORT_COLUMNS = [
-    "key", "version", "category", "finish_reason", "finished_thinking", "prompt_tokens",
+    "version", "category", "finish_reason", "finished_thinking", "prompt_tokens",
     "completion_tokens", "reasoning_tokens", "max_new_tokens", "effective_max_new_tokens",
     "budget_clamped_by", "continuations", "spec_verify_ct", "repetition_ratio",
     "settings_hash", "created_at", "latency_s", "replica", "max_thinking_tokens"]
@@ -61,18 +65,19 @@ REPORT_COLUMNS = [
 
 # --- figures ----------------------------------------------------------------------------
 
-def load_latest(store: RunStore, index: Optional[RunIndex] = None) -> tuple[pd.DataFrame, int]:
-    """(one row per key with its latest version, number of data rows of all versions).
+def load_latest(store: RunStore,
+                index: Optional[RunIndex] = None) -> tuple[pd.DataFrame, RunIndex]:
+    """(one row per key with its latest version, the run index it was read through).
     ``index``: the run's index when the caller holds one (refreshed here)."""
     if index is None:
         index = RunIndex(store)
     index.refresh()
-    tables = [t for _, t, _ in read_latest(store, index, REPORT_COLUMNS)]
+    tables = list(read_latest_stats(store, index, REPORT_COLUMNS))
     table = pa.concat_tables(tables) if tables else pa.schema(
         [DATA.field(c) for c in REPORT_COLUMNS]).empty_table()
     df = table.to_pandas()
     df["category"] = df["category"].fillna("none").astype(str)
-    return df, index.data_rows
+    return df, index
 
 
 def _num(x: Any, nd: int = 4) -> Optional[float]:
@@ -145,9 +150,9 @@ def _budgets(df: pd.DataFrame) -> dict[str, Any]:
 
 def failure_stats(store: RunStore, done: np.ndarray) -> dict[str, Any]:
     """Open failures (no data row for the key) by error class, one per key (its latest).
-    done: sorted digests of the keys with a data row."""
+    done: sorted digests of the keys with a data row (the run index's, salted)."""
     f = store.read_kind("failures", ["key", "error_class", "failed_at"]).to_pandas()
-    open_rows = ~sorted_contains(done, digests_of(f["key"]))[0]
+    open_rows = ~sorted_contains(done, digests_of(f["key"], store.key_salt))[0]
     f = f[open_rows].sort_values(["key", "failed_at"], kind="stable")
     f = f.drop_duplicates("key", keep="last")
     by = f["error_class"].fillna("unknown").value_counts()
@@ -168,11 +173,11 @@ def reject_stats(store: RunStore) -> dict[str, Any]:
 def build_report(store: RunStore, caps: Optional[Sequence[int]] = None,
                  trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     """Every figure of the report as a JSON-safe dict (see the module docstring)."""
-    df, data_rows = load_latest(store)
-    return assemble(store, df, data_rows, caps, trainer_max_lengths)
+    df, index = load_latest(store)
+    return assemble(store, df, index, caps, trainer_max_lengths)
 
 
-def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
+def assemble(store: RunStore, df: pd.DataFrame, index: RunIndex,
              caps: Optional[Sequence[int]] = None,
              trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     progress = store.read_json("progress.json") or {}
@@ -182,7 +187,7 @@ def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
         "run": store.uri,
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "status": progress.get("status"),
-        "keys": len(df), "data_rows_all_versions": data_rows,
+        "keys": len(df), "data_rows_all_versions": index.data_rows,
         "degenerate_threshold": DEGENERATE_REPETITION,
         "budgets": _budgets(df), "current_cap": fc["current_cap"],
         "thinking_budgets": thinking_budgets(df),
@@ -190,7 +195,7 @@ def assemble(store: RunStore, df: pd.DataFrame, data_rows: int,
         "by_category": breakdown(df, df["category"]),
         "by_prompt_bin": breakdown(df, prompt_bin(df["prompt_tokens"]).astype(object),
                                    [label for _, _, label in PROMPT_BINS]),
-        "failures": failure_stats(store, np.sort(digests_of(df["key"]))),
+        "failures": failure_stats(store, index.done),
         "rejects": reject_stats(store),
         "forecast": fc,
         "token_yield": yield_report(df, lengths) if lengths else None,
@@ -430,8 +435,8 @@ def report_and_write(store: RunStore, caps: Optional[Sequence[int]] = None,
                      trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     """Build and write the report (the job calls this at the end of every run, with the
     index its progress kept current)."""
-    df, data_rows = load_latest(store, index)
-    report = assemble(store, df, data_rows, caps, trainer_max_lengths)
+    df, index = load_latest(store, index)
+    report = assemble(store, df, index, caps, trainer_max_lengths)
     write_report(store, report, df)
     return report
 
@@ -474,10 +479,10 @@ def run(args: argparse.Namespace) -> int:
     from jobs.analysis.run_cli import fail, open_args, require_run
     store = open_args(args)
     require_run(store)
-    df, data_rows = load_latest(store)
+    df, index = load_latest(store)
     if df.empty:
         fail(f"run {store.uri} has no completed rows yet: nothing to report")
-    report = assemble(store, df, data_rows, args.what_if, args.trainer_max_length or ())
+    report = assemble(store, df, index, args.what_if, args.trainer_max_length or ())
     print(render_markdown(report))
     for uri in write_report(store, report, df):
         print(f"wrote {uri}")

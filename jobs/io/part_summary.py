@@ -23,6 +23,14 @@ changing the size are damage, not data), the outcome events
 key_salt_id: which salt the digests were made with (jobs/io/digests.py); a sidecar of
 another salt than the run's, or an unsalted one (formats 1 and 2) in a salted run, is
 rebuilt from its part.
+
+Format 4 adds the report's per-row statistics to data sidecars (STATS_COLUMNS, the
+report columns the sidecar did not already hold: category, thinking, prompt/reasoning
+tokens, budgets, continuations, speculative, repetition, latency, replica; strings as
+dictionaries) and writes its buffers zstd-compressed, so the end-of-session report reads
+sidecars, never a data part (jobs/analysis/report.py). The run index never keeps them:
+it takes its per-key columns and drops the table. A format 1-3 sidecar stays valid; the
+report reads its part's columns instead (``has_stats``).
 """
 
 from __future__ import annotations
@@ -35,18 +43,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.io.digests import digests_of, salt_id
+from jobs.io.schema import DATA
 
 # Format 2 adds part_sha256; format 1 sidecars (written before it) are read as they are:
 # their parts are checked by Parquet's own page checksums only. Format 3 adds key_salt_id;
-# 1 and 2 are unsalted.
-FORMAT = "3"
-READABLE_FORMATS = ("1", "2", "3")
+# 1 and 2 are unsalted. Format 4 adds STATS_COLUMNS to data sidecars.
+FORMAT = "4"
+READABLE_FORMATS = ("1", "2", "3", "4")
+# Data columns a format-4 sidecar keeps per row as they are in the part (the report's);
+# version, created_at, finish_reason, completion_tokens and settings_hash it has already.
+STATS_COLUMNS = ["category", "finished_thinking", "prompt_tokens", "reasoning_tokens",
+                 "max_new_tokens", "effective_max_new_tokens", "budget_clamped_by",
+                 "continuations", "spec_verify_ct", "repetition_ratio", "latency_s",
+                 "replica", "max_thinking_tokens"]
+_DICTIONARY = {"category", "budget_clamped_by", "replica"}   # few distinct values
+_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 INDEX = "index"   # <run>/index/<kind>/
 SUFFIX = ".arrow"
 # Part columns a summary is made from (what a rebuild reads).
 SOURCE_COLUMNS = {
     "data": ["key", "version", "created_at", "finish_reason", "completion_tokens",
-             "prompt_hash", "settings_hash", "budget_history", "retry_classes"],
+             "prompt_hash", "settings_hash", "budget_history", "retry_classes",
+             *STATS_COLUMNS],
     "failures": ["key", "error_class", "retry_classes"],
     "rejects": ["source", "line", "reject_id", "reason"],
 }
@@ -109,6 +127,9 @@ def summarize(kind: str, table: pa.Table, part_bytes: int,
             "prompt": _digests(table.column("prompt_hash"), salt),
             "settings": table.column("settings_hash").dictionary_encode(),
         }
+        for name in STATS_COLUMNS:
+            column = table.column(name).cast(DATA.field(name).type)
+            cols[name] = column.dictionary_encode() if name in _DICTIONARY else column
     elif kind == "failures":
         meta["events"]["failures"] = collections.Counter(
             (c or "").removeprefix("continuation:") for c in table.column("error_class").to_pylist())
@@ -127,7 +148,7 @@ def summarize(kind: str, table: pa.Table, part_bytes: int,
 
 def encode(summary: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, summary.schema) as writer:
+    with pa.ipc.new_file(sink, summary.schema, options=_WRITE) as writer:
         writer.write_table(summary)
     return sink.getvalue().to_pybytes()
 
@@ -149,6 +170,26 @@ def decode(data: bytes, kind: str, part_bytes: int, salt: bytes = b"") -> pa.Tab
     if meta.get(b"key_salt_id", b"").decode() != salt_id(salt):  # formats 1, 2: unsalted
         raise BadSidecar("its key digests use another salt than the run's")
     return table
+
+
+def has_stats(summary: pa.Table) -> bool:
+    """Whether a data sidecar holds STATS_COLUMNS (format 4 and later)."""
+    return set(STATS_COLUMNS) <= set(summary.column_names)
+
+
+def stats(summary: pa.Table, rows: pa.Array, columns: list[str]) -> pa.Table:
+    """``columns`` (data column names) of the part's ``rows``, from its format-4 sidecar,
+    typed as the part's own columns: what reading them from the part gives."""
+    picked = summary.take(rows)
+    base = {"version": "version", "finish_reason": "finish", "completion_tokens": "tokens",
+            "settings_hash": "settings", "created_at": "created_ms"}
+    arrays = []
+    for name in columns:
+        column = picked.column(base.get(name, name))
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        arrays.append(column.cast(DATA.field(name).type))
+    return pa.table(arrays, schema=pa.schema([DATA.field(n) for n in columns]))
 
 
 def checksum(summary: pa.Table) -> Optional[str]:

@@ -12,7 +12,10 @@ are not done); a sidecar whose part is gone is never looked at, since the part l
 drives everything.
 
 ``refresh()`` is incremental: it reads only parts it has not seen, so the progress
-thread's scans and the end of a session cost what was written since the last one.
+thread's scans and the end of a session cost what was written since the last one. The
+first one starts from the run's newest usable compact object (jobs/io/index_compact.py,
+written by the lease holder at the end of each session) and reads only the sidecars of
+parts it does not cover: an open costs O(sessions) reads, not O(parts).
 
 Memory: one entry per key, in numpy arrays sorted by key digest (8-byte blake2b,
 jobs/io/digests.py): digest, version, created_ms, part, row, finish code, tokens,
@@ -40,7 +43,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from jobs.io import part_summary
+from jobs.io import index_compact, part_summary
 from jobs.io.digests import digests_of, sorted_contains
 from jobs.io.run_store import RunStore
 from jobs.io.schema import KINDS
@@ -108,11 +111,14 @@ class RunIndex:
         self.data_rows = 0                           # rows of every version
         self.seen: set[str] = set()                  # paths of the parts read whole
         self.checksums: dict[str, str] = {}          # part path -> sha256 its sidecar holds
+        self.sizes: dict[str, int] = {}              # part path -> bytes, as listed
         self.bytes_written, self.last_write_ts, self.quarantined = 0, 0.0, 0
         # (metric, label) of outcomes in parts first seen since the caller last cleared
         # it: the job's failure/retry/reject counters come from durable rows.
         self.events: list[tuple[str, str]] = []
         self.reads: collections.Counter = collections.Counter()  # "sidecar" / "part"
+        self.compact_covered = 0   # parts the last compact object read or written covers
+        self._compact_tried = False
 
     @classmethod
     def open(cls, store: RunStore) -> "RunIndex":
@@ -139,10 +145,16 @@ class RunIndex:
     # --- reading ---
 
     def refresh(self) -> int:
-        """Read the parts not seen yet (in parallel); returns how many there were."""
-        new = [(kind, info) for kind in KINDS
-               for info in sorted(list_files(self.store.loc(kind), ".parquet"),
-                                  key=lambda i: i.path) if info.path not in self.seen]
+        """Read the parts not seen yet (in parallel); returns how many there were. The
+        first refresh starts from the newest usable compact object
+        (jobs/io/index_compact.py) and reads only the sidecars of parts it does not cover."""
+        listing = [(kind, info) for kind in KINDS
+                   for info in sorted(list_files(self.store.loc(kind), ".parquet"),
+                                      key=lambda i: i.path)]
+        if not self._compact_tried and not self.seen:
+            self._compact_tried = True
+            index_compact.load(self, {info.path: info for _, info in listing})
+        new = [(kind, info) for kind, info in listing if info.path not in self.seen]
         if new:
             sidecars = {info.path for kind in KINDS for info in list_files(
                 self.store.loc(part_summary.INDEX, kind), part_summary.SUFFIX)}
@@ -205,6 +217,7 @@ class RunIndex:
 
     def _note_part(self, info) -> None:
         self.seen.add(info.path)
+        self.sizes[info.path] = info.size or 0
         self.bytes_written += info.size or 0
         if info.mtime is not None:
             self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
@@ -364,6 +377,36 @@ def read_latest(store: RunStore, index: RunIndex, columns: Optional[list[str]] =
         if table.num_rows:  # else: quarantined since the index read its sidecar: not done
             table = table.take(pa.array(rows))
         yield path, table, len(rows)
+
+
+def read_latest_stats(store: RunStore, index: RunIndex,
+                      columns: list[str]) -> Iterable[pa.Table]:
+    """``columns`` (data columns, at most the sidecar's own and STATS_COLUMNS) of every
+    key's latest row, a table per data part in ``winners_by_part`` order, from the parts'
+    format-4 sidecars read in parallel: no data part is read. A part whose sidecar is
+    older (format 1-3), missing or not its part's any more is read instead (those
+    columns only); one quarantined meanwhile yields no rows, as in ``read_latest``."""
+    def one(item: tuple[str, np.ndarray]) -> tuple[pa.Table, str]:
+        path, rows = item
+        data = read_bytes(store.sidecar_loc("data", posixpath.basename(path)))
+        if data is not None:
+            try:
+                summary = part_summary.decode(data, "data", index.sizes.get(path, -1),
+                                              index.key_salt)
+            except part_summary.BadSidecar:
+                summary = None
+            if summary is not None and part_summary.has_stats(summary):
+                return part_summary.stats(summary, pa.array(rows), columns), "sidecar"
+        table = store.read_part(path, columns)
+        return (table.take(pa.array(rows)) if table.num_rows else table), "part"
+
+    winners = list(index.winners_by_part().items())
+    if not winners:
+        return
+    with ThreadPoolExecutor(max_workers=min(index.threads, len(winners))) as pool:
+        for table, source in _in_order(pool, one, winners, 4 * index.threads):
+            index.reads[f"report_{source}"] += 1
+            yield table
 
 
 def describe(index: RunIndex) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import ray
 
 from jobs.analysis.report import report_and_write
 from jobs.config import RunConfig
+from jobs.io import index_compact
 from jobs.io.run_index import RunIndex, describe as describe_index
 from jobs.io.run_store import RunStore, UnknownRunFormat
 from jobs.io.storage import is_local, storage_full, write_json_atomic
@@ -179,6 +180,7 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
         index = RunIndex.open(store)  # the resume state: what the run's files hold
         logger.info("run index read in %.1f s: %s", time.monotonic() - started,
                     describe_index(index))
+        index_compact.maybe_write(index, index_compact.OPEN_COMPACT_PARTS)  # many uncovered
         plan = plans.plan(cfg, store, inputs, index, mode, stage)
         _init_ray(stop_exc)
         check_output_reachable(store, cfg)
@@ -312,6 +314,7 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
         text += f"\n  lease:     {lease.takeover}"
     if not fence():  # a driver that lost its lease writes nothing over the next holder's
         text += _report(store, progress.index)
+        index_compact.maybe_write(progress.index)  # the next open: O(sessions) reads
     if error:
         failure = RunError(f"{error}\n{text}")
         failure.fenced = fence() is not None

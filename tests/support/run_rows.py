@@ -71,3 +71,19 @@ def censor(lengths: Iterable[int], cap: int):
     lengths = np.asarray(list(lengths))
     cut = lengths > cap
     return np.where(cut, cap, lengths), np.where(cut, "length", "stop")
+
+
+def sidecar_as_format_3(store: RunStore, kind: str, part_name: str) -> None:
+    """Rewrite a part's sidecar as raygen before format 4 wrote it: no report statistics,
+    uncompressed, format 3 (a run written by the previous version)."""
+    from jobs.io import part_summary
+    loc = store.sidecar_loc(kind, part_name)
+    with open(loc.path, "rb") as f:
+        table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
+    table = table.drop_columns([c for c in part_summary.STATS_COLUMNS if c in table.column_names])
+    table = table.replace_schema_metadata(dict(table.schema.metadata, format="3"))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with open(loc.path, "wb") as f:
+        f.write(sink.getvalue().to_pybytes())

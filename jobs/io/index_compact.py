@@ -1,0 +1,257 @@
+"""Compacted run index: what ``RunIndex.open`` builds from the sidecars, in one object.
+
+    <run>/index/compact/<n>.arrow      n = 00000001, 00000002, ... (newest = highest)
+
+Written by the session holding the run's lease (jobs/runs/run.py: at the end of every
+session, and right after the open when it found many parts no compact object covers),
+never by a reader without it. An open then reads the newest usable compact object plus
+the sidecars of the parts it does not cover: O(sessions) reads instead of O(parts).
+
+One Arrow IPC stream: the per-key arrays (run_index.COLUMNS, in digest order) in
+batches of BATCH_ROWS, and in the schema's metadata what else the open derives:
+compact_format, key_salt_id, the parts it covers per kind (name, size, sha256), the data
+parts in the order the arrays' part ids count them, the finish and settings
+vocabularies, failed digests, reject ids, first budgets and the data rows of every
+version. Outcome events are not kept: they count rows new to the caller, and a
+session's first scan (which the open is) is never counted (jobs/runs/progress.py).
+
+Used only if it is right for the run as listed now: its format is readable, its salt is
+the run's, and every part it covers is still listed with the same size (a part
+quarantined or rewritten since: that object is skipped and an older one, or the
+sidecars, used). Anything else (unreadable, truncated, unknown format) is skipped with a
+warning. The sidecars and parts stay the truth; this is a cache of them.
+``RAYGEN_INDEX_COMPACT=0`` neither reads nor writes compact objects (the benchmark's
+"before").
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import posixpath
+import time
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from jobs.io.digests import salt_id
+from jobs.io.storage import Location, is_local, list_files, write_local_durably
+
+logger = logging.getLogger("raygen")
+FORMAT = "1"
+READABLE_FORMATS = ("1",)
+FOLDER = ("index", "compact")
+SUFFIX = ".arrow"
+BATCH_ROWS = 1 << 20
+KEEP = 2            # compact objects kept: the newest and the one before (a reader may be on it)
+TRIES = 3           # newest objects an open tries before it reads the sidecars
+OPEN_COMPACT_PARTS = 2000   # uncovered parts at an open worth a compact object at once
+
+
+class BadCompact(ValueError):
+    """A compact object this run cannot use."""
+
+
+def enabled() -> bool:
+    return os.environ.get("RAYGEN_INDEX_COMPACT", "1") not in ("0", "off", "false")
+
+
+def _number(path: str) -> Optional[int]:
+    stem = posixpath.basename(path).removesuffix(SUFFIX)
+    return int(stem) if stem.isdigit() else None
+
+
+def listed(store) -> list[tuple[int, str]]:
+    """(n, path) of the run's compact objects, newest first."""
+    found = [(_number(i.path), i.path) for i in list_files(store.loc(*FOLDER), SUFFIX)]
+    return sorted(((n, p) for n, p in found if n is not None), reverse=True)
+
+
+# --- writing --------------------------------------------------------------------------
+
+def _state(index) -> dict[str, Any]:
+    parts: dict[str, list] = {}
+    for path in sorted(index.seen):
+        kind = posixpath.basename(posixpath.dirname(path))
+        parts.setdefault(kind, []).append([posixpath.basename(path), index.sizes[path],
+                                           index.checksums.get(path, "")])
+    return {"parts": parts, "data_parts": [posixpath.basename(p) for p in index.part_paths],
+            "finishes": index.finishes, "settings": index.settings,
+            "failed": base64.b64encode(index.failed.astype("<u8").tobytes()).decode(),
+            "reject_ids": sorted(index.reject_ids),
+            "first_budgets": [[h, b, n] for (h, b), n in sorted(index.first_budgets.items(),
+                                                                key=str)],
+            "data_rows": index.data_rows, "keys": len(index.done)}
+
+
+def write(index) -> Optional[str]:
+    """Write the index as the run's next compact object and drop all but the newest
+    KEEP; returns its URI (None when switched off). Raises OSError on a storage error:
+    the caller logs it (the sidecars still answer every open)."""
+    if not enabled():
+        return None
+    columns = {name: a.dtype for name, a in index.latest.items()}  # run_index.COLUMNS
+    store = index.store
+    n = (listed(store)[0][0] if listed(store) else 0) + 1
+    loc = store.loc(*FOLDER, f"{n:08d}{SUFFIX}")
+    schema = pa.schema([(name, pa.from_numpy_dtype(dtype)) for name, dtype in columns.items()],
+                       metadata={"compact_format": FORMAT,
+                                 "key_salt_id": salt_id(index.key_salt),
+                                 "state": json.dumps(_state(index))})
+    keys = len(index.done)
+    with _output(loc) as out, pa.ipc.new_stream(out, schema) as writer:
+        for start in range(0, keys, BATCH_ROWS):  # zero-copy slices of the arrays
+            writer.write_batch(pa.record_batch(
+                [pa.array(index.latest[name][start:start + BATCH_ROWS]) for name in columns],
+                schema=schema))
+    for _, old in listed(store)[KEEP:]:
+        try:
+            store.root.fs.delete_file(old)
+        except OSError as exc:  # an older object left behind is only bytes
+            logger.warning("could not delete old compact index %s: %s", old, exc)
+    return loc.uri
+
+
+class _output:
+    """A stream to ``loc`` that appears whole or not at all: local files through a
+    temp file renamed into place; S3 objects appear when the upload completes."""
+
+    def __init__(self, loc: Location):
+        self.loc = loc
+
+    def __enter__(self):
+        if is_local(self.loc):
+            self.buffer = pa.BufferOutputStream()  # local: one buffer, then a durable write
+            return self.buffer
+        self.buffer = None
+        self.stream = self.loc.fs.open_output_stream(self.loc.path)
+        return self.stream
+
+    def __exit__(self, exc_type, *_):
+        if self.buffer is not None:
+            if exc_type is None:
+                write_local_durably(self.loc.path, self.buffer.getvalue().to_pybytes())
+            return False
+        self.stream.close()
+        if exc_type is not None:  # a half-written object: remove it (readers skip it anyway)
+            try:
+                self.loc.fs.delete_file(self.loc.path)
+            except OSError:
+                pass
+        return False
+
+
+# --- reading --------------------------------------------------------------------------
+
+def _check(meta: dict[bytes, bytes], salt: bytes, listing: dict[str, Any],
+           store) -> dict[str, Any]:
+    fmt = meta.get(b"compact_format", b"").decode()
+    if fmt not in READABLE_FORMATS:
+        raise BadCompact(f"compact_format {fmt!r} is not one this raygen reads "
+                         f"({', '.join(READABLE_FORMATS)})")
+    if meta.get(b"key_salt_id", b"").decode() != salt_id(salt):
+        raise BadCompact("its key digests use another salt than the run's")
+    state = json.loads(meta[b"state"])
+    for kind, parts in state["parts"].items():
+        for name, size, _ in parts:
+            info = listing.get(store.loc(kind, name).path)
+            if info is None:
+                raise BadCompact(f"covers {kind}/{name}, which is no longer listed "
+                                 f"(quarantined or removed since)")
+            if info.size != size:
+                raise BadCompact(f"covers {kind}/{name} of {size} bytes, listed now with "
+                                 f"{info.size} (rewritten since)")
+    return state
+
+
+def _read(path: str, index, listing: dict[str, Any]) -> tuple[dict, dict[str, np.ndarray]]:
+    columns = {name: a.dtype for name, a in index.latest.items()}  # a fresh index's
+    store = index.store
+    try:
+        with store.root.fs.open_input_stream(path) as f:
+            reader = pa.ipc.open_stream(f)
+            state = _check(reader.schema.metadata or {}, index.key_salt, listing, store)
+            if reader.schema.names != list(columns):
+                raise BadCompact(f"columns {reader.schema.names}, expected {list(columns)}")
+            keys = int(state["keys"])
+            arrays = {name: np.empty(keys, dtype) for name, dtype in columns.items()}
+            at = 0
+            for batch in reader:  # copied batch by batch: the arrays are the index's own
+                if at + batch.num_rows > keys:
+                    raise BadCompact(f"holds more than the {keys} keys it declares")
+                for i, name in enumerate(columns):
+                    arrays[name][at:at + batch.num_rows] = batch.column(i).to_numpy()
+                at += batch.num_rows
+    except (pa.ArrowInvalid, OSError, KeyError, ValueError, TypeError) as exc:
+        if isinstance(exc, BadCompact):
+            raise
+        raise BadCompact(f"unreadable: {type(exc).__name__}: {exc}") from exc
+    if at != keys:
+        raise BadCompact(f"holds {at} keys, declares {keys} (truncated)")
+    return state, arrays
+
+
+def load(index, listing: dict[str, Any]) -> set[str]:
+    """Fill a fresh ``index`` from the newest usable compact object; returns the paths of
+    the parts it covers (empty: none usable, the sidecars answer). ``listing``: part
+    path -> FileInfo of every part listed now."""
+    if not enabled():
+        return set()
+    for n, path in listed(index.store)[:TRIES]:
+        try:
+            state, arrays = _read(path, index, listing)
+        except BadCompact as exc:
+            logger.warning("compact index %s not used (%s): reading the sidecars of the "
+                           "parts it would cover", index.store.root.join(
+                               *FOLDER, posixpath.basename(path)).uri, exc)
+            continue
+        return _apply(index, state, arrays, listing)
+    return set()
+
+
+def _apply(index, state: dict, arrays: dict[str, np.ndarray], listing) -> set[str]:
+    store = index.store
+    index.latest = arrays
+    index.part_paths = [store.loc("data", name).path for name in state["data_parts"]]
+    index.finishes, index.settings = list(state["finishes"]), list(state["settings"])
+    index.failed = np.frombuffer(base64.b64decode(state["failed"]), "<u8").astype(np.uint64)
+    index.reject_ids = set(state["reject_ids"])
+    for h, b, count in state["first_budgets"]:
+        index.first_budgets[(h, b)] += count
+    index.data_rows = int(state["data_rows"])
+    covered = set()
+    for kind, parts in state["parts"].items():
+        for name, _, sha256 in parts:
+            path = store.loc(kind, name).path
+            index._note_part(listing[path])
+            if sha256:
+                index.checksums[path] = sha256
+            covered.add(path)
+    index.reads["compact"] += 1
+    index.compact_covered = len(covered)
+    return covered
+
+
+def maybe_write(index, min_uncovered: int = 1) -> Optional[str]:
+    """Write a compact object when at least ``min_uncovered`` parts the index holds are
+    covered by none it has (refreshed first); by the lease holder only. A storage error
+    is logged, never raised: the sidecars still answer every open."""
+    if not enabled() or index.store is None:
+        return None
+    try:
+        index.refresh()
+        if len(index.seen) - index.compact_covered < min_uncovered:
+            return None
+        started = time.monotonic()
+        uri = write(index)
+    except Exception as exc:  # noqa: BLE001 - a cache: never the session's failure
+        logger.warning("compact index not written (%s: %s): the next open reads the "
+                       "sidecars", type(exc).__name__, exc)
+        return None
+    index.compact_covered = len(index.seen)
+    logger.info("compact index %s written in %.1f s (%d keys, %d parts)", uri,
+                time.monotonic() - started, len(index.done), len(index.seen))
+    return uri
