@@ -41,7 +41,7 @@ def key_memory(n: int) -> dict[str, float]:
         seen.add_new(digests_of(f"prompt-{i:09d}" for i in range(start, stop)),
                      np.arange(start, stop, dtype=np.int64))
         peak = max(peak, seen.nbytes)
-    table = AdmissionTable(*seen.merged())
+    table = AdmissionTable(*seen.merged()[:2])
     assert len(table) == n
     sample = min(n, 1_000_000)
     tracemalloc.start()

@@ -65,13 +65,14 @@ def _line(data: bytes, size: int, max_line_bytes: int) -> tuple[str, Optional[st
             f"(re-export the file as UTF-8)")
 
 
-def iter_jsonl_lines(loc: Location, hasher: Any = None, max_line_bytes: int = MAX_LINE_BYTES
-                     ) -> Iterator[tuple[int, str, Optional[str]]]:
+def iter_jsonl_lines(loc: Location, hasher: Any = None, max_line_bytes: int = MAX_LINE_BYTES,
+                     skip_lines: int = 0) -> Iterator[tuple[int, str, Optional[str]]]:
     """(line number, text, problem) of every non-blank line, reading 1 MiB at a time.
 
     ``hasher`` (a hashlib object) is fed every byte read: the file's content hash
     comes from the same pass. A line keeps at most ``max_line_bytes + 1`` of its bytes
-    in memory; the newline search only looks at each chunk once."""
+    in memory; the newline search only looks at each chunk once. The first
+    ``skip_lines`` lines are read (and hashed) but neither kept nor decoded."""
     number, pending, size = 0, [], 0  # the unfinished line: kept pieces, full length
     keep = max_line_bytes + 1
     with loc.fs.open_input_stream(loc.path) as stream:
@@ -82,6 +83,12 @@ def iter_jsonl_lines(loc: Location, hasher: Any = None, max_line_bytes: int = MA
             if hasher is not None:
                 hasher.update(chunk)
             start = 0
+            if number < skip_lines:  # lines this chunk ends, all skipped: counted at C speed
+                newlines = chunk.count(b"\n")
+                if number + newlines < skip_lines:  # the line it starts is skipped too
+                    number += newlines
+                    pending, size = [], 0
+                    continue
             while True:
                 end = chunk.find(b"\n", start)
                 piece = chunk[start:] if end < 0 else chunk[start:end]
@@ -92,11 +99,11 @@ def iter_jsonl_lines(loc: Location, hasher: Any = None, max_line_bytes: int = MA
                     break
                 number += 1
                 data = b"".join(pending)
-                if size > max_line_bytes or data.strip():
+                if number > skip_lines and (size > max_line_bytes or data.strip()):
                     yield (number, *_line(data, size, max_line_bytes))
                 pending, size, start = [], 0, end + 1
     data = b"".join(pending)
-    if size > max_line_bytes or data.strip():
+    if number + 1 > skip_lines and (size > max_line_bytes or data.strip()):
         yield (number + 1, *_line(data, size, max_line_bytes))
 
 
@@ -118,10 +125,14 @@ def iter_parquet_rows(loc: Location, hasher: Any = None, max_line_bytes: int = M
                     yield number, raw, None
 
 
-def iter_rows(loc: Location, hasher: Any = None, max_line_bytes: int = MAX_LINE_BYTES
-              ) -> Iterator[tuple[int, str, Optional[str]]]:
-    return (iter_parquet_rows if _is_parquet(loc) else iter_jsonl_lines)(
-        loc, hasher, max_line_bytes)
+def iter_rows(loc: Location, hasher: Any = None, max_line_bytes: int = MAX_LINE_BYTES,
+              skip_lines: int = 0) -> Iterator[tuple[int, str, Optional[str]]]:
+    """``skip_lines`` (JSONL only): lines read and hashed, not parsed (a grown input's
+    old lines, jobs/pipeline/admission_cache.py)."""
+    if _is_parquet(loc):
+        assert not skip_lines, "a Parquet input is read whole"
+        return iter_parquet_rows(loc, hasher, max_line_bytes)
+    return iter_jsonl_lines(loc, hasher, max_line_bytes, skip_lines)
 
 
 def _table(loc: Location, file_index: int, lines: list[int], raws: list[str],

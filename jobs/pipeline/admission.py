@@ -106,12 +106,17 @@ class SeenKeys:
                 return int(counts[pos[0]]), int(ordinals[pos[0]])
         raise KeyError(digest)
 
-    def merged(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted digests, their first ordinals) of every key seen."""
+    def merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sorted digests, their first ordinals, occurrence counts) of every key seen."""
         if not self.runs:
-            return np.empty(0, np.uint64), np.empty(0, np.int64)
-        digests, ordinals, _ = _sorted_run(*(np.concatenate(cols) for cols in zip(*self.runs)))
-        return digests, ordinals
+            return np.empty(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.uint32)
+        return _sorted_run(*(np.concatenate(cols) for cols in zip(*self.runs)))
+
+    def add_counted(self, digests: np.ndarray, ordinals: np.ndarray,
+                    counts: np.ndarray) -> None:
+        """Add keys not seen before with their occurrence counts so far (a recorded pass)."""
+        if len(digests):
+            self.runs.insert(0, _sorted_run(digests, ordinals, counts.astype(np.uint32)))
 
 
 def _sorted_run(digests: np.ndarray, ordinals: np.ndarray,
@@ -136,6 +141,60 @@ class Admission:
     seen_bytes: int = 0             # peak size of the pass's key arrays
     held: int = 0                   # distinct input keys the run already holds (done)
     failed_open: int = 0            # distinct input keys with an open failure, not done
+    # With keep_keys: every valid distinct key of the input (sorted digests, the ordinal
+    # of its first occurrence, its occurrences) and every reject id, what a later
+    # session reuses (jobs/pipeline/admission_cache.py); None when not kept.
+    input_keys: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+    reject_ids: Optional[list[str]] = None
+    lines_read: int = 0             # input lines this pass parsed (a reused one: its tail)
+
+
+@dataclass
+class Recorded:
+    """What an earlier pass found in the input (jobs/pipeline/admission_cache.py), and
+    what this pass reads of it: per input file "same" (not read: its recorded rows and
+    fingerprint stand), "tail" (grown: read whole, only lines after ``lines`` parsed,
+    its first ``size`` bytes must still hash to ``sha256``) or "new" (read whole)."""
+
+    digests: np.ndarray             # every valid distinct key, sorted
+    ordinals: np.ndarray            # its first occurrence
+    counts: np.ndarray              # its occurrences (ranks later duplicates' reject ids)
+    files: list[dict[str, Any]]     # the recorded fingerprints, with newlines / ends_newline
+    reads: list[str]                # per input file: "same", "tail" or "new"
+    reject_ids: list[str]
+    rejects: int
+    edited: int
+    edited_examples: list[str]
+
+
+class PrefixChanged(Exception):
+    """A grown input's old bytes changed: the recorded pass does not hold (run a pass)."""
+
+
+class _Fingerprint:
+    """sha256 of a file's bytes as the pass reads them, with its newline count and last
+    byte; with ``at``, also the sha256 of its first ``at`` bytes (a grown file's old
+    content, to check against the recorded sha256)."""
+
+    def __init__(self, at: Optional[int] = None):
+        self.sha, self.at, self.prefix = hashlib.sha256(), at, None
+        self.read, self.newlines, self.last = 0, 0, b""
+
+    def update(self, chunk: bytes) -> None:
+        if self.at is not None and self.prefix is None and self.read + len(chunk) >= self.at:
+            cut = self.at - self.read
+            self.sha.update(chunk[:cut])
+            self.prefix = self.sha.hexdigest()
+            self.sha.update(chunk[cut:])
+        else:
+            self.sha.update(chunk)
+        self.read += len(chunk)
+        self.newlines += chunk.count(b"\n")
+        if chunk:
+            self.last = chunk[-1:]
+
+    def hexdigest(self) -> str:
+        return self.sha.hexdigest()
 
 
 def reject_record(source: str, line: int, raw: str, reason: str, reject_id: str,
@@ -167,9 +226,12 @@ class _Pass:
         self.invalid_ranks: collections.Counter = collections.Counter()
         self.rejects, self.new_rejects, self.pending = 0, 0, []
         self.edited, self.edited_examples = 0, []
+        self.kept_reject_ids: Optional[list[str]] = None  # every reject's id, when kept
 
     def reject(self, record: dict[str, Any]) -> None:
         self.rejects += 1
+        if self.kept_reject_ids is not None:
+            self.kept_reject_ids.append(record["reject_id"])
         if record["reject_id"] not in self.reject_ids:
             self.new_rejects += 1
             self.pending.append(record)
@@ -236,16 +298,42 @@ class _Pass:
         """Keys the run holds that the input has (so far)."""
         return int((self.done_first >= 0).sum())
 
-    def table(self, retry_failed: bool) -> tuple[AdmissionTable, int, int]:
+    def seed(self, rec: Recorded) -> None:
+        """Start where the recorded pass ended: its keys (held ones in place), counts,
+        rejects and the ranks of identical bad lines."""
+        held, pos = sorted_contains(self.done, rec.digests)
+        self.done_first[pos[held]] = rec.ordinals[held]
+        self.done_count[pos[held]] = rec.counts[held]
+        self.seen.add_counted(rec.digests[~held], rec.ordinals[~held], rec.counts[~held])
+        self.rejects, self.edited = rec.rejects, rec.edited
+        self.edited_examples = list(rec.edited_examples)
+        if self.kept_reject_ids is not None:
+            self.kept_reject_ids.extend(rec.reject_ids)
+        for rid in rec.reject_ids:
+            if rid.startswith("raw:"):
+                content, _, rank = rid[4:].rpartition("#")
+                self.invalid_ranks[content] = max(self.invalid_ranks[content], int(rank))
+
+    def table(self, retry_failed: bool, keep_keys: bool = False
+              ) -> tuple[AdmissionTable, int, int,
+                         Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
         """(what to generate, distinct keys met that the run does not hold, of which with
-        an open failure), once the pass is over; frees the pass's arrays first."""
-        digests, ordinals = self.seen.merged()  # none of them held by the run
+        an open failure, and with ``keep_keys`` every valid key met: sorted digests,
+        first ordinals, counts), once the pass is over; frees the pass's arrays first."""
+        digests, ordinals, counts = self.seen.merged()  # none of them held by the run
+        kept = None
+        if keep_keys:
+            met = self.done_first >= 0
+            all_d = np.concatenate([digests, self.done[met]])
+            all_o = np.concatenate([ordinals, self.done_first[met]])
+            all_c = np.concatenate([counts, self.done_count[met]])
+            order = np.argsort(all_d, kind="stable")
+            kept = (all_d[order], all_o[order], all_c[order])
         self.seen = SeenKeys()
         self.done_first, self.done_count = self.done_first[:0], self.done_count[:0]
-        in_failed, _ = sorted_contains(self.failed, digests)
-        go = in_failed if retry_failed else ~in_failed
-        return (AdmissionTable(digests[go], ordinals[go], self.salt), len(digests),
-                int(in_failed.sum()))
+        table, failed_open = _to_generate(digests, ordinals, self.failed, retry_failed,
+                                          self.salt)
+        return table, len(digests), failed_open, kept
 
     def _check_edits(self, rows: np.ndarray, pos: np.ndarray) -> None:
         """rows: chunk rows meeting a held key for the first time; pos: their places in
@@ -261,38 +349,68 @@ class _Pass:
 
 def admit_inputs(inputs: list[Location], index: RunIndex, retry_failed: bool,
                  write_rejects: Callable[[list[dict[str, Any]]], None],
-                 limit: Optional[int] = None, max_line_bytes: int = MAX_LINE_BYTES
-                 ) -> Admission:
+                 limit: Optional[int] = None, max_line_bytes: int = MAX_LINE_BYTES,
+                 keep_keys: bool = False, recorded: Optional[Recorded] = None) -> Admission:
     """The driver's one pass: validate, fingerprint, dedupe and decide every row against
-    what ``index`` (the run's files) already holds.
+    what ``index`` (the run's files) already holds. ``keep_keys``: also return the
+    input's valid keys and reject ids (Admission.input_keys / reject_ids). ``recorded``:
+    go on from an earlier pass over the same input (unchanged files are not read, a
+    grown one only parsed past its old lines; PrefixChanged if its old bytes changed).
 
     New rejects go to ``write_rejects`` in parts of at most REJECT_PART_ROWS as the
     pass finds them (each line cut to RAW_KEPT characters)."""
     uris = [loc.uri for loc in inputs]
     state = _Pass(index, uris, write_rejects)
-    total, prints = 0, []
+    if keep_keys:
+        state.kept_reject_ids = []
+    if recorded is not None:
+        state.seed(recorded)
+    total, prints, parsed = 0, [], 0
     for file_no, loc in enumerate(inputs):
-        hasher, rows, complete = hashlib.sha256(), 0, True
-        for line, raw, problem in iter_rows(loc, hasher, max_line_bytes):
+        read = recorded.reads[file_no] if recorded is not None else "new"
+        if read == "same":
+            prints.append(recorded.files[file_no])
+            total += recorded.files[file_no]["rows"]
+            continue
+        old = recorded.files[file_no] if read == "tail" else None
+        hasher = _Fingerprint(old["size"] if old else None)
+        rows, complete = old["rows"] if old else 0, True
+        skip = old["newlines"] if old else 0
+        for line, raw, problem in iter_rows(loc, hasher, max_line_bytes, skip):
             rows += 1
+            parsed += 1
             state.row(loc.uri, line, ordinal_of(file_no, line), raw, problem)
             if limit is not None and rows >= limit:
                 complete = False
                 break
+        if old and hasher.prefix != old["sha256"]:
+            raise PrefixChanged(f"{loc.uri}: its first {old['size']:,} bytes changed since "
+                                f"the recorded pass")
         total += rows
         prints.append({"uri": loc.uri, "size": loc.fs.get_file_info(loc.path).size,
-                       "rows": rows, "sha256": hasher.hexdigest() if complete else None})
+                       "rows": rows, "sha256": hasher.hexdigest() if complete else None,
+                       "newlines": hasher.newlines, "ends_newline": hasher.last == b"\n"})
     state.flush()
     state.write_pending()
     seen_bytes = state.nbytes
     held_in_input = state.held_met()
-    table, new_keys, failed_open = state.table(retry_failed)
+    table, new_keys, failed_open, input_keys = state.table(retry_failed, keep_keys)
     removed = 0 if limit is not None else len(index.done) - held_in_input
     return Admission(
         table=table, total=total, valid_keys=new_keys + held_in_input, rejects=state.rejects,
         new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,
         edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes,
-        held=held_in_input, failed_open=failed_open)
+        held=held_in_input, failed_open=failed_open, input_keys=input_keys,
+        reject_ids=state.kept_reject_ids, lines_read=parsed)
+
+
+def _to_generate(digests: np.ndarray, ordinals: np.ndarray, failed: np.ndarray,
+                 retry_failed: bool, salt: bytes) -> tuple[AdmissionTable, int]:
+    """Of valid keys the run does not hold: the table of those to send (open failures
+    only with --retry-failed, else all others), and how many have an open failure."""
+    in_failed, _ = sorted_contains(failed, digests)
+    go = in_failed if retry_failed else ~in_failed
+    return AdmissionTable(digests[go], ordinals[go], salt), int(in_failed.sum())
 
 
 def rejects_table(records: list[dict[str, Any]]) -> pa.Table:

@@ -33,8 +33,9 @@ from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io import sources
 from jobs.io.storage import Location, locate, write_json_atomic
-from jobs.pipeline import chain as pipeline
-from jobs.pipeline.admission import Admission, admit_inputs, describe_changes, reject_writer
+from jobs.pipeline import admission_cache, chain as pipeline
+from jobs.pipeline.admission import (Admission, PrefixChanged, admit_inputs, describe_changes,
+                                     reject_writer)
 from jobs.pipeline.settings import RunMode, StageSettings
 from jobs.runs import continuation, regenerate
 from jobs.runs.errors import RunError
@@ -186,15 +187,31 @@ def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunInd
     """The driver's admission pass (jobs/pipeline/admission.py); records the input fingerprints
     in <run>/inputs.json and says what changed since the last session."""
     started = time.monotonic()
-    admission = admit_inputs(inputs, index, retry_failed, write_rejects, cfg.job.limit,
-                             cfg.job.max_line_bytes)
+    limit, max_line_bytes = cfg.job.limit, cfg.job.max_line_bytes
+    recorded = admission_cache.load(store, inputs, limit, max_line_bytes, index)
+    found: list[list[dict[str, Any]]] = []  # rejects, passed on once the pass holds
+    try:
+        admission = admit_inputs(inputs, index, retry_failed, found.append, limit,
+                                 max_line_bytes, keep_keys=True, recorded=recorded)
+    except PrefixChanged as exc:
+        logger.warning("%s: running the whole admission pass", exc)
+        found, recorded = [], None
+        admission = admit_inputs(inputs, index, retry_failed, found.append, limit,
+                                 max_line_bytes, keep_keys=True)
+    for part in found:
+        write_rejects(part)
     for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
         logger.warning("%s", line)
     write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
-    logger.info("admission: %d input rows, %d distinct valid keys, %d to generate, %d rejects "
-                "(%d new), table %d bytes, %.1f s", admission.total, admission.valid_keys,
-                len(admission.table), admission.rejects, admission.new_rejects,
-                admission.table.nbytes, time.monotonic() - started)
+    admission_cache.save(store, inputs, limit, max_line_bytes, admission)
+    admission.input_keys = admission.reject_ids = None  # recorded: not held all session
+    reused = ("" if recorded is None else
+              f" (the recorded pass reused: {recorded.reads.count('same')} input files "
+              f"unread, {admission.lines_read} new lines parsed)")
+    logger.info("admission%s: %d input rows, %d distinct valid keys, %d to generate, %d "
+                "rejects (%d new), table %d bytes, %.1f s", reused, admission.total,
+                admission.valid_keys, len(admission.table), admission.rejects,
+                admission.new_rejects, admission.table.nbytes, time.monotonic() - started)
     return admission
 
 

@@ -216,7 +216,7 @@ def test_seen_keys_stay_few_sorted_runs_and_find_every_key():
     assert all(np.all(np.diff(run) > 0) for run, _, _ in seen.runs)
     assert seen.contains(np.array([1, 5000, 5001], np.uint64)).tolist() == [True, True, False]
     assert seen.bump(42) == (2, 420) and seen.bump(42) == (3, 420)
-    digests, ordinals = seen.merged()
+    digests, ordinals, _ = seen.merged()
     assert digests.tolist() == list(range(1, 5001)) and ordinals[41] == 420
 
 
