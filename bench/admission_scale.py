@@ -12,7 +12,10 @@ them, rejects written to a local run folder. ``--index-keys``: the driver's resu
 a run of N keys as real sidecars (jobs/io/part_summary.py) next to 1-byte stand-in parts
 is built once under ``--work``; a fresh interpreter opens it as a resume does
 (RunIndex.open, jobs/io/run_index.py) and then builds the admission pass's arrays and
-table for N input rows; it prints the open time and that process's peak RSS.
+table for N input rows; it prints the open time and that process's peak RSS. With
+``--index-compact`` the first open reads every sidecar (RAYGEN_INDEX_COMPACT=0) and then
+writes the run's compact index object (jobs/io/index_compact.py, as a session's end
+does), and a second fresh interpreter opens the run from it: both printed.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def index_run(n: int, root: Path) -> Path:
 
     from jobs.io import part_summary
     from jobs.io.schema import DATA
-    run = root / f"index-run-{n}"
+    run = root / f"index-run-{n}-f{part_summary.FORMAT}"
     if (run / "COMPLETE").exists():
         return run
     (run / "data").mkdir(parents=True, exist_ok=True)
@@ -79,7 +82,9 @@ def index_run(n: int, root: Path) -> Path:
             "completion_tokens": pa.array(np.full(m, 1000, np.int32)),
             "prompt_hash": [f"sha256:{k}" for k in keys], "settings_hash": ["h"] * m,
             "budget_history": pa.array([[4096]] * m, pa.list_(pa.int32())),
-            "retry_classes": pa.array([[]] * m, pa.list_(pa.string()))})
+            "retry_classes": pa.array([[]] * m, pa.list_(pa.string())),
+            # the report's statistics: kept by the sidecar, never by the index
+            **{c: pa.nulls(m, DATA.field(c).type) for c in part_summary.STATS_COLUMNS}})
         (run / "data" / f"part-{p:09d}.parquet").write_bytes(b"x")
         (run / "index" / "data" / f"part-{p:09d}.arrow").write_bytes(
             part_summary.encode(part_summary.summarize("data", part, 1)))
@@ -90,13 +95,16 @@ def index_run(n: int, root: Path) -> Path:
 NEW_ROWS = 3000  # new prompts of the resume (as bench scale)
 
 
-def index_memory(n: int, root: Path) -> dict[str, float]:
+def index_memory(n: int, root: Path, compact: str = "") -> dict[str, float]:
     """The driver's resume read model at n held keys, in a fresh interpreter: the run
-    index opened from the sidecars (RunIndex.open), then the admission pass's key
-    arrays over an input of those n keys + NEW_ROWS new ones, and the table of what to
-    generate, held alongside it; peak RSS of that process."""
+    index opened (RunIndex.open), then the admission pass's key arrays over an input of
+    those n keys + NEW_ROWS new ones, and the table of what to generate, held alongside
+    it; peak RSS of that process. ``compact``: "" (as the run is), "off" (from the
+    sidecars, then write the compact object), "on" (from the compact object)."""
+    import os
     import subprocess
     run = index_run(n, root)
+    env = dict(os.environ, RAYGEN_INDEX_COMPACT="0" if compact == "off" else "1")
     code = f"""
 import json, resource, time
 from jobs.config import StorageConfig
@@ -116,15 +124,24 @@ for start in range(0, rows, CHUNK_ROWS):
     state_pass.chunk = [(i, f"s{{i:09d}}", None, f"sha256:s{{i:09d}}", i + 1, "")
                         for i in range(start, min(start + CHUNK_ROWS, rows))]
     state_pass.flush()
-table, _ = state_pass.table(retry_failed=False)
+table = state_pass.table(retry_failed=False)[0]
+written = None
+if {compact == "off"!r}:
+    import os
+    from jobs.io import index_compact
+    os.environ["RAYGEN_INDEX_COMPACT"] = "1"
+    t1 = time.perf_counter()
+    index_compact.write(index)
+    written = time.perf_counter() - t1
 print(json.dumps({{"keys": len(index.done), "open_s": opened, "to_generate": len(table),
+                  "reads": dict(index.reads), "compact_write_s": written,
                   "index_bytes": index.nbytes,
                   "table_bytes": table.nbytes, "baseline_rss_bytes": base,
                   "open_peak_rss_bytes": after_open,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
 """
     out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         check=True)
+                         check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -165,18 +182,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000_000)
     parser.add_argument("--rows", type=int, default=900_000)
     parser.add_argument("--index-keys", type=int, default=0)
+    parser.add_argument("--index-compact", action="store_true",
+                        help="--index-keys: open from the sidecars, write the compact index "
+                             "object, open from it (both printed)")
     parser.add_argument("--work", default=".local/bench-scale",
                         help="where --index-keys builds (and reuses) its synthetic run")
     args = parser.parse_args(argv)
-    if args.index_keys:
-        m = index_memory(args.index_keys, Path(args.work))
+    for compact in (("off", "on") if args.index_compact else ("",)) if args.index_keys else ():
+        m = index_memory(args.index_keys, Path(args.work), compact)
         mib = {k: v / 2**20 for k, v in m.items() if k.endswith("bytes")}
+        source = " + ".join(f"{n:,} {what}" for what, n in sorted(m["reads"].items()))
+        written = (f"; compact object written in {m['compact_write_s']:.1f} s"
+                   if m.get("compact_write_s") is not None else "")
         print(f"driver at a resume of {m['keys']:,} held keys: run index opened from "
-              f"sidecars in {m['open_s']:.1f} s ({mib['index_bytes']:,.0f} MiB of key arrays), "
+              f"{source} in {m['open_s']:.1f} s ({mib['index_bytes']:,.0f} MiB of key arrays), "
               f"peak RSS {mib['open_peak_rss_bytes']:,.0f} MiB after the open, "
               f"{mib['peak_rss_bytes']:,.0f} MiB after the admission pass over {m['keys']:,} + "
               f"{NEW_ROWS:,} input rows ({m['to_generate']:,} to generate); interpreter at start "
-              f"{mib['baseline_rss_bytes']:,.0f} MiB", flush=True)
+              f"{mib['baseline_rss_bytes']:,.0f} MiB{written}", flush=True)
     if args.keys:
         m = key_memory(args.keys)
         print(f"admission table at {m['keys']:,} keys: {m['table_bytes']:,} bytes "

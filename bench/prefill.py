@@ -4,13 +4,17 @@
 first ``held`` of them become a run's data/ parts, 256 rows each, written by
 ``RunStore.write_part`` (the sink's own call, so the bytes, names and anything written
 beside a part are what a real run has) into a local cache folder, once per
-(held, settings_hash). ``upload`` copies that folder to a fresh S3 run prefix with
-parallel threads; the upload is not what the benchmark times.
+(held, settings_hash, sidecar format). ``index="after"`` also writes the run's compact
+index object (jobs/io/index_compact.py, what a session's end writes); ``"before"`` is the
+same parts with format-3 sidecars (no report statistics) and no compact object: a run
+as the previous raygen left it. ``upload`` copies that folder to a fresh S3 run prefix
+with parallel threads; the upload is not what the benchmark times.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,10 +25,11 @@ import pyarrow.fs as pafs
 
 from bench.prompts import cached_jsonl
 from jobs.config import RunConfig, StorageConfig
+from jobs.io import index_compact, part_summary
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA, TIMESTAMP
-from jobs.io.storage import locate
-from jobs.io.run_index import row_ids
+from jobs.io.storage import list_files, locate, read_bytes
+from jobs.io.run_index import RunIndex, row_ids
 from jobs.pipeline.validate import canonical_json, prompt_key
 
 ROWS_PER_PART = 256
@@ -89,21 +94,67 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
 
 
 def cached_run(work_dir: Path, held: int, cfg: RunConfig, settings_hash: str,
-               threads: int = 8) -> Path:
-    """A local run folder holding rows 0..held in parts (built once, then reused)."""
-    root = work_dir / f"prefill-{held}-{settings_hash.replace(':', '')[:16]}"
-    done = root / "COMPLETE"
-    if done.exists():
-        return root / "run"
-    store = RunStore(str(root / "run"), StorageConfig())
+               threads: int = 8, index: str = "after") -> Path:
+    """A local run folder holding rows 0..held in parts (built once, then reused), with
+    its compact index object (``index="after"``), or as the previous raygen wrote it:
+    format-3 sidecars, no compact object (``"before"``)."""
+    root = work_dir / (f"prefill-{held}-{settings_hash.replace(':', '')[:16]}"
+                       f"-f{part_summary.FORMAT}")
+    run = root / "run"
+    if not (root / "COMPLETE").exists():
+        store = RunStore(str(run), StorageConfig())
 
-    def write(start: int) -> None:
-        part = data_part(start, min(start + ROWS_PER_PART, held), cfg, settings_hash)
-        store.write_part("data", part, row_ids("data", part))
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(write, range(0, held, ROWS_PER_PART)))
-    done.write_text(f"{held} rows\n")
-    return root / "run"
+        def write(start: int) -> None:
+            part = data_part(start, min(start + ROWS_PER_PART, held), cfg, settings_hash)
+            store.write_part("data", part, row_ids("data", part))
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(write, range(0, held, ROWS_PER_PART)))
+        (root / "COMPLETE").write_text(f"{held} rows\n")
+    if index == "before":
+        return _as_before(run, root / "before")
+    if not index_compact.listed(RunStore(str(run), StorageConfig())):
+        index_compact.write(RunIndex.open(RunStore(str(run), StorageConfig())))
+    return run
+
+
+def _as_before(run: Path, before: Path) -> Path:
+    """The run's parts (hard links) with format-3 sidecars and no compact object."""
+    if (before / "COMPLETE").exists():
+        return before / "run"
+    for part in (run / "data").iterdir():
+        dest = before / "run" / "data" / part.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            os.link(part, dest)
+        side = before / "run" / part_summary.INDEX / "data" / part_summary.sidecar_name(part.name)
+        side.parent.mkdir(parents=True, exist_ok=True)
+        side.write_bytes(as_format_3((run / part_summary.INDEX / "data" / side.name).read_bytes()))
+    (before / "COMPLETE").write_text("format 3\n")
+    return before / "run"
+
+
+def as_format_3(sidecar: bytes) -> bytes:
+    """A format-4 sidecar as the previous raygen wrote it: no report statistics,
+    uncompressed, format 3."""
+    table = pa.ipc.open_file(pa.py_buffer(sidecar)).read_all()
+    table = table.drop_columns(part_summary.STATS_COLUMNS)
+    table = table.replace_schema_metadata({**table.schema.metadata, b"format": b"3"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def sidecar_bytes_per_row(store: RunStore) -> dict[str, float]:
+    """Bytes per row of the run's data sidecars as stored, and the same sidecars in
+    format 3 (what they were before the report statistics)."""
+    rows = now = before = 0
+    for info in list_files(store.loc(part_summary.INDEX, "data"), part_summary.SUFFIX):
+        data = read_bytes(store.loc(part_summary.INDEX, "data", os.path.basename(info.path)))
+        rows += pa.ipc.open_file(pa.py_buffer(data)).read_all().num_rows
+        now += len(data)
+        before += len(as_format_3(data))
+    return {"rows": rows, "format_4": now / max(rows, 1), "format_3": before / max(rows, 1)}
 
 
 def upload(local_run: Path, run_uri: str, storage: StorageConfig) -> None:

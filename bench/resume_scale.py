@@ -18,6 +18,13 @@ time to read the resume state alone, and peak RSS of the driver and of Ray's wor
 points storage.endpoint_url at it (the pre-fill upload bypasses it). With
 ``--analysis`` the largest resumed run (at the first of its delays) is then timed under
 ``jobs.analysis`` status, report and finalize (their main(), as the CLI runs them).
+
+``--index before,after`` resumes each pre-filled run twice, side by side: ``before`` as
+the previous raygen left it (format-3 sidecars, no compact index object) with
+``RAYGEN_INDEX_COMPACT=0`` (the index opens from every sidecar, the report reads every
+data part), ``after`` with format-4 sidecars and the compact object the prefill wrote
+(what a session's end writes). Each resume also prints its end-of-session report's
+seconds and the compact object's write.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from urllib.parse import urlparse
 from bench.engines import scrape
 from bench.latency_proxy import LatencyProxy
 from bench.modes import REPO
-from bench.prefill import cached_run, input_file, upload
+from bench.prefill import cached_run, input_file, sidecar_bytes_per_row, upload
 from bench.procs import ProcTree, RssSampler
 
 logger = logging.getLogger("bench")
@@ -63,6 +70,9 @@ class Measure:
     state_read_s: Optional[float] = None
     driver_rss_mib: float = 0.0
     workers_rss_mib: float = 0.0
+    index: str = ""                      # resume: before | after (--index)
+    report_s: Optional[float] = None     # the end-of-session report (report_and_write)
+    compact_s: Optional[float] = None    # the compact index object's write(s)
 
 
 class FirstRequest:
@@ -126,15 +136,51 @@ def read_state_s(cfg) -> float:
     return time.perf_counter() - started
 
 
+@contextlib.contextmanager
+def timing(module, name: str, spent: dict[str, float]) -> Iterator[None]:
+    """Sum the seconds of every call of ``module.name`` into ``spent[name]``."""
+    real = getattr(module, name)
+
+    def timed(*a, **k):
+        started = time.perf_counter()
+        try:
+            return real(*a, **k)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+    setattr(module, name, timed)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
+
+
+@contextlib.contextmanager
+def index_mode(mode: str) -> Iterator[None]:
+    """``before``: RAYGEN_INDEX_COMPACT=0 (no compact object read or written)."""
+    old = os.environ.get("RAYGEN_INDEX_COMPACT")
+    if mode == "before":
+        os.environ["RAYGEN_INDEX_COMPACT"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("RAYGEN_INDEX_COMPACT", None)
+        else:
+            os.environ["RAYGEN_INDEX_COMPACT"] = old
+
+
 def timed_run(cfg, urls: list[str], held: int, delay_s: float, mode: str) -> Measure:
+    from jobs.io import index_compact
     from jobs.pipeline.settings import RunMode
-    from jobs.runs.run import run_job
+    from jobs.runs import run as run_module
     tree = ProcTree()
     rss = RssSampler(tree, 0.5).start()
+    spent: dict[str, float] = {}
     try:
-        with FirstRequest(urls) as first:
+        with FirstRequest(urls) as first, timing(run_module, "report_and_write", spent), \
+                timing(index_compact, "write", spent):
             started = time.time()
-            summary = run_job(cfg, RunMode(), stop_exc=_Never)
+            summary = run_module.run_job(cfg, RunMode(), stop_exc=_Never)
             ended = time.time()
     finally:
         rss.stop()
@@ -142,7 +188,8 @@ def timed_run(cfg, urls: list[str], held: int, delay_s: float, mode: str) -> Mea
     return Measure(held, delay_s, mode, ended - started,
                    None if first.at is None else first.at - started, rows, summary.status,
                    driver_rss_mib=rss.peak.get("driver", 0) / 2**20,
-                   workers_rss_mib=rss.peak.get("ray_workers", 0) / 2**20)
+                   workers_rss_mib=rss.peak.get("ray_workers", 0) / 2**20,
+                   report_s=spent.get("report_and_write"), compact_s=spent.get("write"))
 
 
 def analysis_times(cfg, work: Path) -> dict[str, float]:
@@ -202,6 +249,7 @@ class ScaleResult:
     analysis: dict[str, float]  # jobs.analysis command -> seconds, on analysis_rows rows
     analysis_rows: int = 0
     analysis_delay_s: float = 0.0
+    sidecar: Optional[dict] = None  # bytes/row of a fresh run's data sidecars, format 4 vs 3
 
 
 def run_scale(args: argparse.Namespace) -> ScaleResult:
@@ -232,7 +280,8 @@ def run_scale(args: argparse.Namespace) -> ScaleResult:
             _remove(warm_cfg, direct)
             for held in args.held:
                 logger.warning("scale: pre-filling %d rows (cached under %s)", held, work)
-                local_run = cached_run(work, held, base, sh)
+                local_runs = {mode: cached_run(work, held, base, sh, index=mode)
+                              for mode in args.index}
                 full = input_file(work, held + args.new)
                 new = input_file(work, args.new, start=held)
                 for delay in [d for d in args.delays if not d or held <= args.delay_max_held]:
@@ -243,19 +292,30 @@ def run_scale(args: argparse.Namespace) -> ScaleResult:
                                 LatencyProxy("127.0.0.1", moto_port, delay)).url
                         tag = f"{held}-{int(delay * 1000)}ms-{uuid.uuid4().hex[:6]}"
                         fresh = parse_config(config_tree(args, url, new, f"fresh-{tag}"))
-                        results.append(timed_run(fresh, urls, held, delay, "fresh"))
-                        resume = parse_config(config_tree(args, url, full, f"resume-{tag}"))
-                        upload(local_run, f"s3://{BUCKET}/runs/resume-{tag}", direct)
-                        state_s = read_state_s(resume)
-                        m = timed_run(resume, urls, held, delay, "resume")
-                        m.state_read_s = state_s
-                        results.append(m)
-                        logger.warning("scale: %s", line(results[-2], m))
-                        if args.analysis and held == max(args.held) and not out.analysis:
-                            out.analysis = analysis_times(resume, work)
-                            out.analysis_rows, out.analysis_delay_s = held + args.new, delay
-                        for run in (fresh, resume):
-                            _remove(run, direct)
+                        fresh_m = timed_run(fresh, urls, held, delay, "fresh")
+                        results.append(fresh_m)
+                        if out.sidecar is None:
+                            from jobs.io.run_store import RunStore
+                            out.sidecar = sidecar_bytes_per_row(RunStore.for_run(
+                                fresh.job.output, fresh.job.run_name, direct))
+                        _remove(fresh, direct)
+                        for mode in args.index:
+                            resume = parse_config(config_tree(args, url, full,
+                                                              f"resume-{mode}-{tag}"))
+                            upload(local_runs[mode], f"s3://{BUCKET}/runs/resume-{mode}-{tag}",
+                                   direct)
+                            with index_mode(mode):
+                                state_s = read_state_s(resume)
+                                m = timed_run(resume, urls, held, delay, "resume")
+                                m.state_read_s, m.index = state_s, mode
+                                results.append(m)
+                                logger.warning("scale: %s", line(fresh_m, m))
+                                if args.analysis and held == max(args.held) and \
+                                        not out.analysis:
+                                    out.analysis = analysis_times(resume, work)
+                                    out.analysis_rows = held + args.new
+                                    out.analysis_delay_s = delay
+                            _remove(resume, direct)
         finally:
             serve.delete(args.app_name)
     return out
@@ -269,9 +329,10 @@ def _remove(cfg, storage) -> None:
 
 def line(fresh: Measure, resume: Measure) -> str:
     return (f"{resume.held:,} held, S3 +{resume.delay_s * 1000:.0f} ms: fresh {fresh.wall_s:.1f} s "
-            f"(first request {_s(fresh.first_request_s)}), resume {resume.wall_s:.1f} s "
-            f"(first request {_s(resume.first_request_s)}, state read "
-            f"{_s(resume.state_read_s)}), ratio {resume.wall_s / fresh.wall_s:.2f}")
+            f"(first request {_s(fresh.first_request_s)}), resume ({resume.index}) "
+            f"{resume.wall_s:.1f} s (first request {_s(resume.first_request_s)}, state read "
+            f"{_s(resume.state_read_s)}, report {_s(resume.report_s)}, compact write "
+            f"{_s(resume.compact_s)}), ratio {resume.wall_s / fresh.wall_s:.2f}")
 
 
 def _s(x: Optional[float]) -> str:
@@ -283,8 +344,10 @@ def extrapolated(results: list[Measure], to_rows: int) -> Optional[str]:
     held rows (least squares over the measured sizes, per delay) and read at ``to_rows``."""
     import numpy as np
     lines = []
-    for delay in sorted({m.delay_s for m in results}):
-        pairs = [(f, r) for f, r in zip(results[::2], results[1::2]) if r.delay_s == delay]
+    fresh = {(m.held, m.delay_s): m for m in results if m.mode == "fresh"}
+    for delay, index in sorted({(m.delay_s, m.index) for m in results if m.mode == "resume"}):
+        pairs = [(fresh[(r.held, delay)], r) for r in results if r.mode == "resume"
+                 and (r.delay_s, r.index) == (delay, index) and (r.held, delay) in fresh]
         if len({r.held for _, r in pairs}) < 2:
             continue
         held = np.array([r.held for _, r in pairs], float)
@@ -292,7 +355,7 @@ def extrapolated(results: list[Measure], to_rows: int) -> Optional[str]:
         state = np.polyfit(held, [r.state_read_s for _, r in pairs], 1)
         fresh = float(np.mean([f.wall_s for f, _ in pairs]))
         extra = float(np.polyval(over, to_rows))
-        lines.append(f"- S3 +{delay * 1000:.0f} ms, {to_rows:,} held (synthetic, linear fit "
+        lines.append(f"- S3 +{delay * 1000:.0f} ms, index {index}, {to_rows:,} held (synthetic, linear fit "
                      f"over {', '.join(f'{int(h):,}' for h in held)}): resume overhead "
                      f"{extra:.0f} s, resume state read {np.polyval(state, to_rows):.0f} s, "
                      f"ratio {(fresh + extra) / fresh:.1f} against the mean fresh run "
@@ -303,8 +366,9 @@ def extrapolated(results: list[Measure], to_rows: int) -> Optional[str]:
 def markdown(result: ScaleResult, command: str, synthetic: int = 9_000_000) -> str:
     results = result.measures
     rows = ["| held rows | S3 delay | mode | rows generated | wall s | first request s | "
-            "resume state read s | resume/fresh | driver RSS MiB | Ray workers RSS MiB |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "resume state read s | resume/fresh | driver RSS MiB | Ray workers RSS MiB | "
+            "index | report s | compact write s |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     fresh: dict[tuple[int, float], Measure] = {}
     for m in results:
         if m.mode == "fresh":
@@ -314,8 +378,14 @@ def markdown(result: ScaleResult, command: str, synthetic: int = 9_000_000) -> s
         rows.append(f"| {m.held:,} | {m.delay_s * 1000:.0f} ms | {m.mode} | {m.rows:,} | "
                     f"{m.wall_s:.1f} | {_s(m.first_request_s).removesuffix(' s')} | "
                     f"{_s(m.state_read_s).removesuffix(' s') if m.mode == 'resume' else ''} | "
-                    f"{ratio} | {m.driver_rss_mib:.0f} | {m.workers_rss_mib:.0f} |")
+                    f"{ratio} | {m.driver_rss_mib:.0f} | {m.workers_rss_mib:.0f} | {m.index} | "
+                    f"{_s(m.report_s).removesuffix(' s')} | "
+                    f"{_s(m.compact_s).removesuffix(' s') if m.compact_s else ''} |")
     text = f"Command: `{command}`\n\n" + "\n".join(rows) + "\n"
+    if result.sidecar:
+        text += (f"\nData sidecars of the fresh run ({result.sidecar['rows']:,} rows): "
+                 f"{result.sidecar['format_4']:.1f} B/row (format 4, with the report's "
+                 f"statistics), {result.sidecar['format_3']:.1f} B/row as format 3\n")
     extra = extrapolated(results, synthetic)
     if extra:
         text += "\n" + extra + "\n"
@@ -343,7 +413,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--app-name", default="raygen-scale")
     p.add_argument("--work-dir", default=str(REPO / ".local" / "bench-scale"))
     p.add_argument("--out", help="also write the markdown table here")
+    p.add_argument("--index", default="after",
+                   help="before,after: resume each pre-filled run as the previous raygen "
+                        "left it (format-3 sidecars, no compact object, "
+                        "RAYGEN_INDEX_COMPACT=0) and/or as this one does")
     a = p.parse_args(argv)
+    a.index = [x for x in a.index.split(",") if x]
+    if not a.index or set(a.index) - {"before", "after"}:
+        p.error(f"--index takes before and/or after, got {','.join(a.index)!r}")
     a.held = [int(x) for x in a.held.split(",") if x]
     a.delays = [float(x) for x in a.delays.split(",") if x]
     return a

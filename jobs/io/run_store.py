@@ -6,7 +6,11 @@
     <output>/<run>/failures/part-*.parquet  rows that failed after retries
     <output>/<run>/rejects/part-*.parquet   invalid input rows, with line and reason
     <output>/<run>/index/<kind>/part-*.arrow   each part's sidecar: its keys as digests,
-                                            versions, counts (jobs/io/part_summary.py)
+                                            versions, counts; data: the report's per-row
+                                            statistics (jobs/io/part_summary.py)
+    <output>/<run>/index/compact/<n>.arrow  the run index as one object, written by a
+                                            session's lease holder at its end (newest
+                                            two kept; jobs/io/index_compact.py)
     <output>/<run>/progress.json            counts derived from the files above
     <output>/<run>/report.{md,json,png}     end-of-run report
     <output>/<run>/final/                   one row per prompt + manifest (finalize)
@@ -15,9 +19,11 @@
 
 Files are immutable and atomically written; names are hashes of their row keys, so a
 retried write replaces itself instead of duplicating rows. Every reader goes through
-the run index (jobs/io/run_index.py), which reads the small sidecars instead of the
-parts; the parts stay the truth: a sidecar missing (a crash between part and sidecar),
-unreadable or stale is rebuilt from its part, a sidecar without its part is ignored.
+the run index (jobs/io/run_index.py), which reads the newest compact object and the
+small sidecars of the parts it does not cover instead of the parts; the parts stay the
+truth: a sidecar missing (a crash between part and sidecar), unreadable or stale is
+rebuilt from its part, a sidecar without its part is ignored, and a compact object
+covering a part that is gone or changed size is not used.
 
 A part that cannot be read (garbage, truncated, wrong schema, a page whose checksum
 fails, bytes whose sha256 is not its sidecar's) must not brick the run: ``read_part``

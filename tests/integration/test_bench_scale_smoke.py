@@ -29,6 +29,9 @@ def test_scale_bench_resumes_exactly_the_new_rows(ray_cluster, s3_endpoint, tmp_
         assert m.first_request_s is not None and 0 < m.first_request_s < m.wall_s
         assert m.driver_rss_mib > 0
     assert resume.state_read_s is not None and resume.state_read_s > 0
+    # the resume opened from the prefill's compact index object, and its end wrote one
+    assert resume.index == "after" and resume.report_s > 0 and resume.compact_s > 0
+    assert result.sidecar["rows"] == NEW and result.sidecar["format_4"] > 0
     assert set(result.analysis) == {"status", "report", "finalize"}
     assert result.analysis_rows == HELD + NEW
     assert f"| {HELD} | 30 ms | resume | {NEW} |" in text

@@ -81,7 +81,7 @@ def sidecar_as_format_3(store: RunStore, kind: str, part_name: str) -> None:
     with open(loc.path, "rb") as f:
         table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
     table = table.drop_columns([c for c in part_summary.STATS_COLUMNS if c in table.column_names])
-    table = table.replace_schema_metadata(dict(table.schema.metadata, format="3"))
+    table = table.replace_schema_metadata({**table.schema.metadata, b"format": b"3"})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)

@@ -5,6 +5,9 @@ admission pass leaves exactly the new prompts to generate."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+import pyarrow as pa
 
 from bench.prefill import ROWS_PER_PART, cached_run, input_file
 from bench.resume_scale import config_tree, settings_hash_of
@@ -46,3 +49,19 @@ def test_cached_run_is_reused(tmp_path):
     part.unlink()  # a rebuild would write it again
     assert cached_run(tmp_path, 10, cfg, settings_hash_of(cfg), threads=1) == first
     assert not part.exists()
+
+
+def test_the_after_prefill_opens_from_its_compact_object_the_before_one_from_format_3(
+        tmp_path):
+    cfg = _cfg(tmp_path)
+    sh = settings_hash_of(cfg)
+    after = RunIndex.open(RunStore(str(cached_run(tmp_path, 300, cfg, sh, threads=1)),
+                                   StorageConfig()))
+    before_store = RunStore(str(cached_run(tmp_path, 300, cfg, sh, threads=1, index="before")),
+                            StorageConfig())
+    before = RunIndex.open(before_store)
+    assert after.reads == {"compact": 1} and before.reads == {"sidecar": 2}
+    assert after.done.tolist() == before.done.tolist() and len(after.done) == 300
+    sidecars = sorted(Path(before_store.root.path, "index", "data").glob("*.arrow"))
+    assert [pa.ipc.open_file(f.read_bytes()).schema.metadata[b"format"]
+            for f in sidecars] == [b"3", b"3"]  # as the previous raygen wrote them
