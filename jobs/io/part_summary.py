@@ -153,9 +153,10 @@ def encode(summary: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode(data: bytes, kind: str, part_bytes: int, salt: bytes = b"") -> pa.Table:
+def decode(data: bytes, kind: str, part_bytes: Optional[int], salt: bytes = b"") -> pa.Table:
     """The summary in ``data``; BadSidecar if it is unreadable, of another kind or format,
-    describes a part of another size, or has digests of another salt than ``salt``."""
+    describes a part of another size (``part_bytes`` None: any, e.g. a quarantined part's
+    sidecar read for the keys it had), or has digests of another salt than ``salt``."""
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
@@ -164,7 +165,7 @@ def decode(data: bytes, kind: str, part_bytes: int, salt: bytes = b"") -> pa.Tab
     if (meta.get(b"format", b"").decode() not in READABLE_FORMATS
             or meta.get(b"kind") != kind.encode()):
         raise BadSidecar(f"not a {kind} sidecar of format {'/'.join(READABLE_FORMATS)}")
-    if meta.get(b"part_bytes") != str(part_bytes).encode():
+    if part_bytes is not None and meta.get(b"part_bytes") != str(part_bytes).encode():
         raise BadSidecar(f"describes a part of {meta.get(b'part_bytes', b'?').decode()} "
                          f"bytes, the part has {part_bytes}")
     if meta.get(b"key_salt_id", b"").decode() != salt_id(salt):  # formats 1, 2: unsalted

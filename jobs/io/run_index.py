@@ -117,6 +117,9 @@ class RunIndex:
         # it: the job's failure/retry/reject counters come from durable rows.
         self.events: list[tuple[str, str]] = []
         self.reads: collections.Counter = collections.Counter()  # "sidecar" / "part"
+        # Keys whose latest row a newer version replaced since this index was made, and
+        # the completion tokens that added (a continuation's; a regeneration's may be <0).
+        self.replaced_keys, self.replaced_tokens = 0, 0
         self.compact_covered = 0   # parts the last compact object read or written covers
         self._compact_tried = False
 
@@ -273,6 +276,9 @@ class RunIndex:
         if found.any():
             i_new, i_old = np.flatnonzero(found), pos[found]
             wins = self._newer(new, i_new, i_old)
+            self.replaced_keys += int(wins.sum())
+            self.replaced_tokens += int(new["tokens"][i_new[wins]].sum(dtype=np.int64)
+                                        - old["tokens"][i_old[wins]].sum(dtype=np.int64))
             for k in COLUMNS:
                 old[k][i_old[wins]] = new[k][i_new[wins]]
         add = ~found

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import posixpath
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
+
+from jobs.io import part_summary
+from jobs.io.digests import sorted_contains
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
-from jobs.io.storage import write_json_atomic
+from jobs.io.storage import read_bytes, write_json_atomic
 from jobs.runs.watchdog import Watchdog
 
 logger = logging.getLogger("raygen")
@@ -65,6 +70,9 @@ class ProgressTracker:
         self.status = "running"
         self.baseline = (0, 0)
         self.baseline_rows = 0  # data rows of every version before this session
+        self.baseline_replaced = (0, 0)  # index.replaced_keys / _tokens then
+        self.failed_at_start: Optional[np.ndarray] = None  # open failures then
+        self.lost_at_start: Optional[np.ndarray] = None  # keys of quarantined parts then
         self.last: Optional[dict[str, Any]] = None
         self._counting = False
         # The driver's final update and the thread's may overlap: one scan at a time, or
@@ -77,8 +85,11 @@ class ProgressTracker:
         with self._scan_lock:
             self.index.refresh()
             self.baseline = (len(self.index.done), self.index.output_tokens)
-            self.baseline_failed = len(self.index.open_failed())
+            self.failed_at_start = self.index.open_failed()  # sorted digests, few
+            self.baseline_failed = len(self.failed_at_start)
             self.baseline_rows = self.index.data_rows
+            self.baseline_replaced = (self.index.replaced_keys, self.index.replaced_tokens)
+            self.lost_at_start = lost_keys(self.store, self.index)
         self.update()
         self._counting = True
         self._thread.start()
@@ -157,6 +168,13 @@ class ProgressTracker:
             "session_rows": c.data_rows - self.baseline_rows,
             "session_new_prompts": len(c.done) - self.baseline[0],
             "session_output_tokens": tokens - self.baseline[1],
+            # ... of which: new versions of rows held before (continued, regenerated) and
+            # the tokens they added; open failures done now (--retry-failed); keys of
+            # quarantined (damaged) parts written again.
+            "session_new_versions": c.replaced_keys - self.baseline_replaced[0],
+            "session_tokens_added": c.replaced_tokens - self.baseline_replaced[1],
+            "session_retried_failures": _done_of(c, self.failed_at_start),
+            "session_regenerated_damaged": _done_of(c, self.lost_at_start),
             "outside_input": outside,  # rows whose prompt left the input (not counted)
         }
         self.last = snapshot
@@ -175,6 +193,35 @@ class ProgressTracker:
                     failed, rejected, 100 * snapshot["truncated_fraction"],
                     rows_s, tok_s, _eta(snapshot["eta_s"]))
         return snapshot
+
+
+def _done_of(index: RunIndex, digests: Optional[np.ndarray]) -> int:
+    if digests is None or not len(digests):
+        return 0
+    return int(sorted_contains(index.done, digests)[0].sum())
+
+
+def lost_keys(store: RunStore, index: RunIndex) -> np.ndarray:
+    """Sorted digests of the keys of quarantined data parts the run no longer holds
+    (their sidecars stay in index/ when the part is moved): what a session that writes
+    them again regenerated."""
+    found = []
+    for name in store.quarantined():
+        kind, part = posixpath.split(name)
+        if kind != "data":
+            continue
+        data = read_bytes(store.sidecar_loc("data", part))
+        if data is None:
+            continue
+        try:  # the sidecar describes the part as written, before its damage: any size
+            found.append(part_summary.decode(data, "data", None, store.key_salt)
+                         .column("digest").to_numpy())
+        except part_summary.BadSidecar:
+            continue  # its keys are not known cheaply: not counted as regenerated
+    if not found:
+        return np.empty(0, np.uint64)
+    keys = np.unique(np.concatenate(found))
+    return keys[~sorted_contains(index.done, keys)[0]]
 
 
 def _eta(seconds: Optional[float]) -> str:

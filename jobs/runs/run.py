@@ -58,9 +58,11 @@ def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
     return None
 
 
-def summary_text(store: RunStore, index: RunIndex, snap: dict[str, Any]) -> str:
+def summary_text(store: RunStore, index: RunIndex, snap: dict[str, Any],
+                 versions_as: str = "continued") -> str:
     # a continued row counts once, as its latest version
-    mix = ", ".join(f"{r}={n}" for r, n in index.finish_counts().items()) or "none"
+    counts = sorted(index.finish_counts().items(), key=lambda kv: (-kv[1], str(kv[0])))
+    mix = ", ".join(f"{r}={n}" for r, n in counts) or "none"  # most first: stable text
     return "\n".join([
         f"run {snap['run']}: {snap['status']}",
         f"  output:    {store.uri}/data/",
@@ -70,21 +72,31 @@ def summary_text(store: RunStore, index: RunIndex, snap: dict[str, Any]) -> str:
            if snap.get("outside_input") else ""),
         f"  finish:    {mix}  (truncated {100 * snap['truncated_fraction']:.1f}%)",
         f"  tokens:    {snap['output_tokens']} output, mean {snap['mean_output_tokens']}",
-        f"  session:   {_session_rows(snap)} in {snap['elapsed_s']} s: "
+        f"  session:   {_session_rows(snap, versions_as)} in {snap['elapsed_s']} s; "
         f"{snap['session_rows'] / max(snap['elapsed_s'], 1e-9):.1f} rows/s, "
         f"{snap['session_output_tokens'] / max(snap['elapsed_s'], 1e-9):.0f} output tok/s",
         f"  progress:  {store.uri}/progress.json",
     ])
 
 
-def _session_rows(snap: dict[str, Any]) -> str:
-    """'N rows written' and what they were: new prompts, continued ones (new versions)."""
+def _session_rows(snap: dict[str, Any], versions_as: str = "continued") -> str:
+    """'N rows written' and what they were: new prompts (retried failures, keys lost to
+    damaged parts among them), new versions of held rows (continued or regenerated,
+    with the tokens that added)."""
     rows = snap["session_rows"]
     new = snap.get("session_new_prompts", rows)
-    parts = [f"{new} new prompts"] if new else []
-    if rows - new:
-        parts.append(f"{rows - new} continued")
-    return f"{rows} rows written" + (f" ({', '.join(parts)})" if parts else "")
+    versions = snap.get("session_new_versions", rows - new)
+    parts = []
+    if new:
+        among = [f"{n} {what}" for n, what in (
+            (snap.get("session_retried_failures"), "retried failures"),
+            (snap.get("session_regenerated_damaged"), "lost to damaged parts")) if n]
+        parts.append(f"{new} new prompts" + (f" ({', '.join(among)})" if among else ""))
+    if versions:
+        added = snap.get("session_tokens_added")
+        parts.append(f"{versions} {versions_as}"
+                     + (f" ({added:+,} tokens)" if added is not None else ""))
+    return f"{rows} rows written" + (f": {', '.join(parts)}" if parts else "")
 
 
 def _report(store: RunStore, index: RunIndex) -> str:
@@ -188,7 +200,8 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
             handle = deploy_or_attach(cfg.engine, cfg.serve)
             record_provenance(cfg, store, mode, handle)  # <run>/provenance.json, changes logged
             return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
-                            expect_all=plan.expect_all, index=index, counts=plan.counts)
+                            expect_all=plan.expect_all, index=index, counts=plan.counts,
+                            versions_as="regenerated" if mode.regenerates else "continued")
     finally:
         lease.release()
 
@@ -240,7 +253,8 @@ def _write_status_now(progress, status: str) -> None:
 
 def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
              build: Callable, lease=None, expect_all: bool = True,
-             index: Optional[RunIndex] = None, counts=None) -> Summary:
+             index: Optional[RunIndex] = None, counts=None,
+             versions_as: str = "continued") -> Summary:
     """Stream the dataset into the run, with progress.json around it."""
     stalled: dict[str, str] = {}
 
@@ -307,7 +321,7 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     if snap["failed"] and status == "succeeded":
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
                        snap["failed"], store.uri)
-    text = summary_text(store, progress.index, snap)
+    text = summary_text(store, progress.index, snap, versions_as)
     if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
         text += "\n  nothing to do: every prompt already has a result"
     if lease is not None and lease.takeover:

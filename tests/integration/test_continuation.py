@@ -30,9 +30,12 @@ def test_continue_truncated_equals_a_long_run(ray_cluster, s3_endpoint, tmp_path
 
     summary = run(short, continue_truncated=True, max_total_tokens=8192)
     assert summary.status == "succeeded"
-    # A continue session says what it wrote: new versions, not "0 new rows".
-    assert f"session:   {len(cut_before)} rows written ({len(cut_before)} continued)" \
-        in summary.text, summary.text
+    # A continue session says what it wrote: new versions and the tokens they added.
+    added = summary.progress["session_tokens_added"]
+    assert f"session:   {len(cut_before)} rows written: {len(cut_before)} continued " \
+        f"({added:+,} tokens)" in summary.text, summary.text
+    assert summary.progress["session_new_versions"] == len(cut_before)
+    assert summary.progress["session_new_prompts"] == 0
     long_summary = run(long)
     # the end-of-run summary counts each prompt once (its latest version)
     assert summary.text.split("finish:")[1].split("(")[0] == \
@@ -52,7 +55,7 @@ def test_continue_truncated_equals_a_long_run(ray_cluster, s3_endpoint, tmp_path
     # Spend: only the extra tokens were generated.
     extra = int(ref.completion_tokens.sum() - before.completion_tokens.sum())
     new_tokens = int((continued.completion_tokens - 4096).sum())
-    assert new_tokens == extra
+    assert new_tokens == extra == added  # what the summary said the session added
 
     # Idempotent: nothing left below 8192 that ended by length.
     again = run(short, continue_truncated=True, max_total_tokens=8192)

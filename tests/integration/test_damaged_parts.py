@@ -61,6 +61,8 @@ def test_damaged_parts_are_quarantined_and_their_rows_regenerated(
     progress = store.read_json("progress.json")
     assert progress["quarantined_parts"] == 3 and progress["completed"] == ROWS
     assert progress["session_rows"] == sum(held.values())  # exactly the lost rows
+    assert progress["session_regenerated_damaged"] == sum(held.values())  # ... said so
+    assert f"({sum(held.values())} lost to damaged parts)" in summary.text, summary.text
 
     capsys.readouterr()
     assert status.main([store.uri]) == 0

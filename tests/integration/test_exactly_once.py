@@ -136,6 +136,7 @@ def test_permanent_errors_land_in_failures_and_retry_failed_clears_them(
     assert plain_rerun.progress["session_rows"] == 0
     retried = run(tree, retry_failed=True)
     assert retried.progress["failed"] == 0 and retried.progress["completed"] == 60
+    assert retried.progress["session_retried_failures"] == failures.key.nunique()
     _assert_exactly_once(tree, 60)
 
 
