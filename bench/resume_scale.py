@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import shlex
+import subprocess
 import threading
 import time
 import uuid
@@ -240,7 +241,10 @@ def local_stack(args: argparse.Namespace) -> Iterator[str]:
             ray.shutdown()
         if moto is not None:
             moto.terminate()
-            moto.wait(timeout=10)
+            try:
+                moto.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a loaded machine: the figures come first
+                moto.kill()
 
 
 @dataclass
