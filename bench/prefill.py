@@ -89,6 +89,7 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
         "prompt_hash": pa.array([prompt_key(m, None) for m in msgs]),
         "integrity_flags": same([], pa.list_(pa.string())),
         "max_thinking_tokens": same(None, pa.int32()),
+        "sample": same(None, pa.int32()), "seed": same(None, pa.int64()),
     }
     return pa.table([cols[f.name] for f in DATA], names=DATA.names).cast(DATA)  # schema order
 

@@ -86,6 +86,11 @@ class JobConfig(StrictModel):
         "(recorded per row) or reject the row into failures/ (error_class context_overflow; "
         "--retry-failed sends it again after a context or policy change).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    samples_per_prompt: int = Field(
+        1, ge=1, le=1024, description="Samples generated per prompt: each is its own row "
+        "(key, sample 0..n-1) with its own seed (sent as sampling_seed, recorded per row), "
+        "resumed, continued and exported on its own. 1 = one row per prompt, no seed sent. "
+        "Raising it on a run adds the missing samples; a run started with 1 cannot change.")
     limit: Optional[int] = Field(None, ge=1, description="Only the first N rows of each "
                                  "input file.")
     max_line_bytes: int = Field(
@@ -205,6 +210,11 @@ class RunConfig(StrictModel):
         if self.job.min_actors > self.job.max_actors:
             raise ValueError(f"job.min_actors ({self.job.min_actors}) > job.max_actors "
                              f"({self.job.max_actors})")
+        if self.job.samples_per_prompt > 1 and self.job.sampling.temperature == 0:
+            raise ValueError(
+                f"job.samples_per_prompt ({self.job.samples_per_prompt}) > 1 with "
+                f"job.sampling.temperature 0: greedy decoding gives every sample the same "
+                f"output; set a temperature > 0 or samples_per_prompt 1")
         if self.job.sampling.max_thinking_tokens is not None:
             problem = thinking_budget_problem(self.engine)
             if problem:

@@ -328,6 +328,18 @@ class ExportPass:
         }
 
 
+def with_samples(store: RunStore, index, extras: tuple[str, ...]) -> tuple[str, ...]:
+    """``extras`` with the sample column first when the run has samples per prompt (every
+    row of such a run has one, a run of one sample per prompt none: job.samples_per_prompt
+    cannot change between the two, plans.check_samples), read from one winning part."""
+    for path in index.winners_by_part():
+        t = store.read_part(path, [extra_columns.SAMPLE])
+        if t.num_rows:
+            has = t.column(extra_columns.SAMPLE).null_count < t.num_rows
+            return (extra_columns.SAMPLE,) + extras if has else extras
+    return extras
+
+
 def read_columns(fmt: str, extras: tuple[str, ...], trainer_max_length: Optional[int]
                  ) -> tuple[list[str], Optional[token_yield.YieldTally]]:
     """The data columns an export reads, and the --trainer-max-length tally."""
@@ -387,6 +399,7 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
         out.fs.delete_file(out.join(MANIFEST).path)
     except FileNotFoundError:
         pass
+    extras = with_samples(store, picks.index, extras)  # one record per (key, sample)
     columns, yields = read_columns(fmt, extras, trainer_max_length)
     writer, damaged = ShardWriter(out, fmt, file_type, rows_per_file, extras), {}
     rows_pass = ExportPass(writer, fmt, filters, extras, template, yields)

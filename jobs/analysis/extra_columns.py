@@ -23,6 +23,10 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 EXTRA_COLUMNS: dict[str, pa.DataType] = {"accept_length": pa.float64(), "category": pa.string()}
+# Not a flag: every record of a run with job.samples_per_prompt > 1 ends with its sample
+# (0..n-1), the same way; a run of one sample per prompt never has it (records unchanged).
+SAMPLE = "sample"
+TYPES: dict[str, pa.DataType] = {**EXTRA_COLUMNS, SAMPLE: pa.int32()}
 
 
 def parse(text: str) -> tuple[str, ...]:
@@ -46,7 +50,7 @@ def read_columns(extras: Iterable[str], already: Iterable[str]) -> list[str]:
 
 def schema(base: pa.Schema, extras: Iterable[str]) -> pa.Schema:
     for name in extras:
-        base = base.append(pa.field(name, EXTRA_COLUMNS[name]))
+        base = base.append(pa.field(name, TYPES[name]))
     return base
 
 

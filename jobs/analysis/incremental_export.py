@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from jobs.analysis import export_journal as journal_io
 from jobs.analysis.export import (MANIFEST, ExportError, ExportPass, Filters, ShardWriter,
-                                  output_location, read_columns)
+                                  output_location, read_columns, with_samples)
 from jobs.analysis.finalize import damage_note, pick_latest
 from jobs.analysis.template_check import TemplateCheck
 from jobs.io.run_index import RunIndex
@@ -100,6 +100,10 @@ def _batch(store: RunStore, out, journal: journal_io.Journal, lock: journal_io.E
     if not picks.keys:
         raise ExportError(f"run {store.uri} has no rows in data/ yet: nothing to export")
     index = picks.index
+    if with_samples(store, index, ()):  # its supersede rule names records by id alone
+        raise ExportError(f"run {store.uri} has several samples per prompt: --incremental "
+                          f"does not export such runs yet; export it whole (without "
+                          f"--incremental) once it has ended")
     journal_io.check_digests(journal, index.done)
     positions, prev = rows_to_export(index, journal)
     if not len(positions):

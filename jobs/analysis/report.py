@@ -43,7 +43,8 @@ import pyarrow as pa
 from jobs.analysis.forecast import forecast_report
 from jobs.analysis.thinking_budget import budgets_md, in_effect, thinking_budgets
 from jobs.analysis.token_yield import parse_lengths, yield_report
-from jobs.io.digests import digests_of, sorted_contains
+from jobs.io.digests import sorted_contains
+from jobs.io.samples import identity_digests
 from jobs.io.part_summary import reject_reason_class
 from jobs.io.run_index import RunIndex, read_latest_stats
 from jobs.io.run_store import RunStore
@@ -149,12 +150,15 @@ def _budgets(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def failure_stats(store: RunStore, done: np.ndarray) -> dict[str, Any]:
-    """Open failures (no data row for the key) by error class, one per key (its latest).
-    done: sorted digests of the keys with a data row (the run index's, salted)."""
-    f = store.read_kind("failures", ["key", "error_class", "failed_at"]).to_pandas()
-    open_rows = ~sorted_contains(done, digests_of(f["key"], store.key_salt))[0]
-    f = f[open_rows].sort_values(["key", "failed_at"], kind="stable")
-    f = f.drop_duplicates("key", keep="last")
+    """Open failures (no data row for the key) by error class, one per key (its latest;
+    per (key, sample) with samples). done: sorted digests of the keys with a data row
+    (the run index's, salted: identity digests, jobs/io/samples.py)."""
+    f = store.read_kind("failures", ["key", "error_class", "failed_at", "sample"]).to_pandas()
+    f["sample"] = f["sample"].fillna(0).astype("int64")
+    open_rows = ~sorted_contains(done, identity_digests(f["key"], f["sample"],
+                                                        store.key_salt))[0]
+    f = f[open_rows].sort_values(["key", "sample", "failed_at"], kind="stable")
+    f = f.drop_duplicates(["key", "sample"], keep="last")
     by = f["error_class"].fillna("unknown").value_counts()
     return {"open": len(f), "by_error_class": {str(k): int(v) for k, v in by.items()}}
 

@@ -7,7 +7,8 @@ whole (part first: a crash in between leaves a part without a sidecar, which the
 index rebuilds from the part and writes back; the part is the truth). Columns, one row
 per part row in the part's order:
 
-- data:     digest (uint64 of the key with the run's salt, jobs/io/digests.py), version,
+- data:     digest (uint64 of the row's identity with the run's salt: its key's digest,
+            with its sample mixed in when it has one, jobs/io/samples.py), version,
             created_ms,
             finish (finish_reason, dictionary), tokens (completion_tokens), prompt
             (digest of prompt_hash, 0 when none), settings (settings_hash, dictionary)
@@ -43,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.io.digests import digests_of, salt_id
+from jobs.io.samples import sample_digests
 from jobs.io.schema import DATA
 
 # Format 2 adds part_sha256; format 1 sidecars (written before it) are read as they are:
@@ -64,8 +66,8 @@ SUFFIX = ".arrow"
 SOURCE_COLUMNS = {
     "data": ["key", "version", "created_at", "finish_reason", "completion_tokens",
              "prompt_hash", "settings_hash", "budget_history", "retry_classes",
-             *STATS_COLUMNS],
-    "failures": ["key", "error_class", "retry_classes"],
+             *STATS_COLUMNS, "sample"],
+    "failures": ["key", "error_class", "retry_classes", "sample"],
     "rejects": ["source", "line", "reject_id", "reason"],
 }
 
@@ -101,6 +103,15 @@ def _digests(column: pa.ChunkedArray, salt: bytes) -> pa.Array:
     return pa.array(digests_of(column.to_pylist(), salt), pa.uint64())
 
 
+def _identities(table: pa.Table, salt: bytes) -> pa.Array:
+    """The rows' identity digests: (key, sample) when the part has samples (n > 1)."""
+    digests = digests_of(table.column("key").to_pylist(), salt)
+    if "sample" in table.column_names and table.column("sample").null_count < table.num_rows:
+        samples = pc.fill_null(table.column("sample"), 0).to_numpy()
+        digests = sample_digests(digests, samples)
+    return pa.array(digests, pa.uint64())
+
+
 def _retries(table: pa.Table) -> collections.Counter:
     return collections.Counter(c for classes in table.column("retry_classes").to_pylist()
                                for c in classes or ())
@@ -119,7 +130,7 @@ def summarize(kind: str, table: pa.Table, part_bytes: int,
         meta["budgets"] = [[h, b, n] for (h, b), n in sorted(counts.items(), key=str)]
         meta["events"]["retries"] = _retries(table)
         cols = {
-            "digest": _digests(table.column("key"), salt),
+            "digest": _identities(table, salt),
             "version": pc.fill_null(table.column("version"), 0).cast(pa.int32()),
             "created_ms": pc.fill_null(table.column("created_at").cast(pa.int64()), 0),
             "finish": table.column("finish_reason").dictionary_encode(),
@@ -134,7 +145,7 @@ def summarize(kind: str, table: pa.Table, part_bytes: int,
         meta["events"]["failures"] = collections.Counter(
             (c or "").removeprefix("continuation:") for c in table.column("error_class").to_pylist())
         meta["events"]["retries"] = _retries(table)
-        cols = {"digest": _digests(table.column("key"), salt)}
+        cols = {"digest": _identities(table, salt)}
     else:
         meta["events"]["rejects"] = collections.Counter(
             reject_reason_class(r or "") for r in table.column("reason").to_pylist())

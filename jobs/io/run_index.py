@@ -46,6 +46,7 @@ import pyarrow as pa
 from jobs.io import index_compact, part_summary
 from jobs.io.digests import digests_of, sorted_contains
 from jobs.io.run_store import RunStore
+from jobs.io.samples import row_key
 from jobs.io.schema import KINDS
 from jobs.io.storage import list_files, read_bytes, write_bytes_atomic
 
@@ -66,12 +67,14 @@ VERSION_MIX = np.uint64(0x9E3779B97F4A7C15)   # odd: spreads versions over all 6
 
 def row_ids(kind: str, table: pa.Table) -> list[str]:
     """The ids a part's name is hashed from: key#version, key@failed_at, source:line."""
+    if kind != "rejects":  # the key as the row's identity: key NUL sample for samples >= 1
+        samples = (table.column("sample").to_pylist() if "sample" in table.column_names
+                   else [None] * table.num_rows)
+        keys = [row_key(k, s) for k, s in zip(table.column("key").to_pylist(), samples)]
     if kind == "data":
-        return [f"{k}#{v}" for k, v in zip(table.column("key").to_pylist(),
-                                           table.column("version").to_pylist())]
+        return [f"{k}#{v}" for k, v in zip(keys, table.column("version").to_pylist())]
     if kind == "failures":
-        return [f"{k}@{t}" for k, t in zip(table.column("key").to_pylist(),
-                                           table.column("failed_at").to_pylist())]
+        return [f"{k}@{t}" for k, t in zip(keys, table.column("failed_at").to_pylist())]
     return [f"{s}:{n}" for s, n in zip(table.column("source").to_pylist(),
                                        table.column("line").to_pylist())]
 

@@ -39,6 +39,8 @@ DATA = pa.schema([
     ("prompt_hash", pa.string()),        # hash of the canonical prompt (edits under an id)
     ("integrity_flags", pa.list_(pa.string())),  # contract/integrity.py; [] = sound
     ("max_thinking_tokens", pa.int32()),  # the row's thinking budget; None = none sent
+    ("sample", pa.int32()),  # job.samples_per_prompt > 1: 0..n-1 (jobs/io/samples.py); else None
+    ("seed", pa.int64()),    # the sample's sampling_seed sent to the engine; None = none sent
 ])
 
 FAILURES = pa.schema([
@@ -49,6 +51,7 @@ FAILURES = pa.schema([
     ("retryable", pa.bool_()), ("attempts", pa.int32()),
     ("retry_classes", pa.list_(pa.string())),
     ("replica", pa.string()), ("settings_hash", pa.string()), ("failed_at", TIMESTAMP),
+    ("sample", pa.int32()),  # as in data/: None unless job.samples_per_prompt > 1
 ])
 
 REJECTS = pa.schema([
@@ -61,7 +64,8 @@ REJECTS = pa.schema([
 KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 # Columns added after runs were first written: a part that predates one reads it as
 # nulls (jobs/io/run_store.py); any other missing column makes the part damaged.
-LATER_COLUMNS = frozenset({"prompt_hash", "reject_id", "integrity_flags", "max_thinking_tokens"})
+LATER_COLUMNS = frozenset({"prompt_hash", "reject_id", "integrity_flags", "max_thinking_tokens",
+                           "sample", "seed"})
 
 # What flows from the generate stage to the sink: every column of data/ and failures/
 # plus the row's destination (rejects never reach the stage: admission writes them).

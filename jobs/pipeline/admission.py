@@ -15,6 +15,13 @@ verdict the second time:
   (:func:`admit_batch`) is a stateless filter over it. No actor, nothing counted twice,
   nothing to lose when a worker dies.
 
+With ``job.samples_per_prompt`` n > 1 the pass itself is the same (keys, duplicates and
+rejects are properties of input rows, not samples); at its end each valid key is
+expanded into its n identities (jobs/io/samples.py: (key, sample) digests), each decided
+alone against the run (done, open failure), and the table holds the identities to send;
+the admit stage turns each admitted input row into one row per admitted sample, with
+its ``sample`` and ``seed``, the samples of a prompt next to each other.
+
 Digests are jobs/io/digests.py's with the run's salt (the run index holds the same; the
 table carries the salt to the admit stage's workers): 16 bytes of table per
 admitted key. Two different keys share a digest with probability ~n^2/2^65 (3e-6 at 10M keys); the later
@@ -33,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from jobs.io.digests import digests_of, key_digest, sorted_contains
+from jobs.io.samples import sample_digests, sample_seed
 from jobs.io.run_index import RunIndex
 from jobs.io.schema import REJECTS
 from jobs.io.sources import MAX_LINE_BYTES, ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
@@ -48,11 +56,13 @@ RAW_KEPT = 2000             # characters of a rejected line kept in rejects/
 
 @dataclass
 class AdmissionTable:
-    """The rows to generate: sorted key digests and the ordinal of each key's chosen row."""
+    """The rows to generate: sorted key digests (identity digests of (key, sample) when
+    ``samples`` > 1) and the ordinal of each key's chosen row."""
 
     digests: np.ndarray   # uint64, sorted, unique
     ordinals: np.ndarray  # int64, aligned with digests
     salt: bytes = b""     # of the digests: the run's (jobs/io/digests.py)
+    samples: int = 1      # job.samples_per_prompt: the admit stage expands rows into these
 
     @property
     def nbytes(self) -> int:
@@ -139,6 +149,7 @@ class Admission:
     edited_examples: list[str] = field(default_factory=list)
     removed: int = 0                # done keys no longer in the input
     seen_bytes: int = 0             # peak size of the pass's key arrays
+    # With samples > 1, held, failed_open and removed count (key, sample) identities.
     held: int = 0                   # distinct input keys the run already holds (done)
     failed_open: int = 0            # distinct input keys with an open failure, not done
     # With keep_keys: every valid distinct key of the input (sorted digests, the ordinal
@@ -147,6 +158,7 @@ class Admission:
     input_keys: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
     reject_ids: Optional[list[str]] = None
     lines_read: int = 0             # input lines this pass parsed (a reused one: its tail)
+    samples: int = 1                # job.samples_per_prompt the table was made for
 
 
 @dataclass
@@ -314,15 +326,16 @@ class _Pass:
                 content, _, rank = rid[4:].rpartition("#")
                 self.invalid_ranks[content] = max(self.invalid_ranks[content], int(rank))
 
-    def table(self, retry_failed: bool, keep_keys: bool = False
+    def table(self, retry_failed: bool, keep_keys: bool = False, samples: int = 1
               ) -> tuple[AdmissionTable, int, int,
                          Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
         """(what to generate, distinct keys met that the run does not hold, of which with
         an open failure, and with ``keep_keys`` every valid key met: sorted digests,
-        first ordinals, counts), once the pass is over; frees the pass's arrays first."""
+        first ordinals, counts), once the pass is over; frees the pass's arrays first.
+        With ``samples`` > 1 see :meth:`sample_table`."""
         digests, ordinals, counts = self.seen.merged()  # none of them held by the run
         kept = None
-        if keep_keys:
+        if keep_keys or samples > 1:
             met = self.done_first >= 0
             all_d = np.concatenate([digests, self.done[met]])
             all_o = np.concatenate([ordinals, self.done_first[met]])
@@ -331,6 +344,10 @@ class _Pass:
             kept = (all_d[order], all_o[order], all_c[order])
         self.seen = SeenKeys()
         self.done_first, self.done_count = self.done_first[:0], self.done_count[:0]
+        if samples > 1:
+            table, self.held_ids, failed_open = _samples_to_generate(
+                kept[0], kept[1], self.done, self.failed, retry_failed, samples, self.salt)
+            return table, len(digests), failed_open, kept if keep_keys else None
         table, failed_open = _to_generate(digests, ordinals, self.failed, retry_failed,
                                           self.salt)
         return table, len(digests), failed_open, kept
@@ -350,12 +367,14 @@ class _Pass:
 def admit_inputs(inputs: list[Location], index: RunIndex, retry_failed: bool,
                  write_rejects: Callable[[list[dict[str, Any]]], None],
                  limit: Optional[int] = None, max_line_bytes: int = MAX_LINE_BYTES,
-                 keep_keys: bool = False, recorded: Optional[Recorded] = None) -> Admission:
+                 keep_keys: bool = False, recorded: Optional[Recorded] = None,
+                 samples: int = 1) -> Admission:
     """The driver's one pass: validate, fingerprint, dedupe and decide every row against
     what ``index`` (the run's files) already holds. ``keep_keys``: also return the
     input's valid keys and reject ids (Admission.input_keys / reject_ids). ``recorded``:
     go on from an earlier pass over the same input (unchanged files are not read, a
     grown one only parsed past its old lines; PrefixChanged if its old bytes changed).
+    ``samples``: job.samples_per_prompt (each valid key decided as that many identities).
 
     New rejects go to ``write_rejects`` in parts of at most REJECT_PART_ROWS as the
     pass finds them (each line cut to RAW_KEPT characters)."""
@@ -394,14 +413,17 @@ def admit_inputs(inputs: list[Location], index: RunIndex, retry_failed: bool,
     state.write_pending()
     seen_bytes = state.nbytes
     held_in_input = state.held_met()
-    table, new_keys, failed_open, input_keys = state.table(retry_failed, keep_keys)
+    table, new_keys, failed_open, input_keys = state.table(retry_failed, keep_keys, samples)
+    valid_keys = new_keys + held_in_input
+    if samples > 1:  # held and removed in identities: a lowered n leaves samples outside
+        held_in_input = state.held_ids
     removed = 0 if limit is not None else len(index.done) - held_in_input
     return Admission(
-        table=table, total=total, valid_keys=new_keys + held_in_input, rejects=state.rejects,
+        table=table, total=total, valid_keys=valid_keys, rejects=state.rejects,
         new_rejects=state.new_rejects, fingerprints=prints, edited=state.edited,
         edited_examples=state.edited_examples, removed=removed, seen_bytes=seen_bytes,
         held=held_in_input, failed_open=failed_open, input_keys=input_keys,
-        reject_ids=state.kept_reject_ids, lines_read=parsed)
+        reject_ids=state.kept_reject_ids, lines_read=parsed, samples=samples)
 
 
 def _to_generate(digests: np.ndarray, ordinals: np.ndarray, failed: np.ndarray,
@@ -411,6 +433,26 @@ def _to_generate(digests: np.ndarray, ordinals: np.ndarray, failed: np.ndarray,
     in_failed, _ = sorted_contains(failed, digests)
     go = in_failed if retry_failed else ~in_failed
     return AdmissionTable(digests[go], ordinals[go], salt), int(in_failed.sum())
+
+
+def _samples_to_generate(digests: np.ndarray, ordinals: np.ndarray, done: np.ndarray,
+                         failed: np.ndarray, retry_failed: bool, samples: int,
+                         salt: bytes) -> tuple[AdmissionTable, int, int]:
+    """Of every valid key (sorted digests, first ordinals), each of its ``samples``
+    identities decided alone as ``_to_generate`` decides a key: (the table of identities
+    to send, identities the run holds, identities with an open failure)."""
+    picked, at, held, failed_open = [], [], 0, 0
+    for s in range(samples):
+        ids = sample_digests(digests, s)
+        is_held = sorted_contains(done, ids)[0]
+        is_failed = sorted_contains(failed, ids)[0] & ~is_held
+        go = is_failed if retry_failed else ~(is_held | is_failed)
+        picked.append(ids[go])
+        at.append(ordinals[go])
+        held, failed_open = held + int(is_held.sum()), failed_open + int(is_failed.sum())
+    ids, ords = np.concatenate(picked), np.concatenate(at)
+    order = np.argsort(ids, kind="stable")
+    return AdmissionTable(ids[order], ords[order], salt, samples), held, failed_open
 
 
 def rejects_table(records: list[dict[str, Any]]) -> pa.Table:
@@ -473,6 +515,28 @@ def admit_batch(batch: pa.Table, table: list) -> pa.Table:
     valid = batch.column("reject_reason").is_null().to_numpy(zero_copy_only=False)
     digests = digests_of(batch.column("key").to_pylist(), admitted.salt)
     ordinals = batch.column("ordinal").to_numpy(zero_copy_only=False).astype(np.int64)
+    if admitted.samples > 1:
+        return _expand(batch, admitted, digests, ordinals, valid)
     keep = admitted.admits(digests, ordinals) & valid
     return batch.filter(pa.array(keep))
+
+
+def _expand(batch: pa.Table, admitted: AdmissionTable, digests: np.ndarray,
+            ordinals: np.ndarray, valid: np.ndarray) -> pa.Table:
+    """One row per admitted (row, sample), a prompt's samples side by side (sent close
+    together, the later ones may find its prefix in the engine's cache), with the
+    ``sample`` and ``seed`` columns."""
+    rows, samples = [], []
+    for s in range(admitted.samples):
+        hit = np.flatnonzero(admitted.admits(sample_digests(digests, s), ordinals) & valid)
+        rows.append(hit)
+        samples.append(np.full(len(hit), s, np.int32))
+    rows_at, sample_of = np.concatenate(rows), np.concatenate(samples)
+    order = np.lexsort((sample_of, rows_at))
+    rows_at, sample_of = rows_at[order], sample_of[order]
+    out = batch.take(pa.array(rows_at, pa.int64()))
+    keys = out.column("key").to_pylist()
+    seeds = [sample_seed(admitted.salt, k, int(s)) for k, s in zip(keys, sample_of)]
+    return (out.append_column("sample", pa.array(sample_of, pa.int32()))
+            .append_column("seed", pa.array(seeds, pa.int64())))
 

@@ -1,7 +1,8 @@
 """Send rows to the engine replicas (stage 4 of the job): an async Ray Data actor.
 
 Row contract: reads an admitted row (key, id, category, messages, tools, source, line,
-prompt_hash; rejects never get here: the driver's admission pass writes them) or, in a
+prompt_hash, and sample + seed with job.samples_per_prompt > 1; rejects never get here:
+the driver's admission pass writes them) or, in a
 continue or regenerate run (``StageSettings.continue_to`` / ``regenerate``), a data/ row
 (regenerated: its prompt sent again, written as its next version); outputs STAGE_OUTPUT rows
 whose ``_kind`` says where they go (data / failures).
@@ -36,6 +37,7 @@ from jobs.pipeline.rows import continued_row, data_row, failure_row, to_table
 from jobs.pipeline.settings import StageSettings
 from jobs.io.condemned import write_record
 from jobs.io.run_store import RunStore
+from jobs.io.samples import SEED_FIELD
 
 
 class GenerateRows:
@@ -53,9 +55,12 @@ class GenerateRows:
 
     def _request(self, row: dict[str, Any]) -> GenerateRequest:
         stage = self.stage
+        sampling = stage.sampling  # + the sample's seed (n > 1; a continued row's own)
+        if row.get("seed") is not None:
+            sampling = dict(sampling, **{SEED_FIELD: int(row["seed"])})
         request = GenerateRequest(key=row["key"], run=stage.run,
                                   category=self.category_label(row["category"]),  # a label
-                                  max_new_tokens=stage.max_new_tokens, sampling=stage.sampling,
+                                  max_new_tokens=stage.max_new_tokens, sampling=sampling,
                                   context_policy=stage.context_policy)
         if stage.continue_to:  # token-exact: prompt ids + output ids, as ids
             prompt = list(row["prompt_token_ids"])

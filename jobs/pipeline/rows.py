@@ -37,7 +37,8 @@ def data_row(row: dict[str, Any], result: GenerateResult, stage: StageSettings,
         repetition_ratio=repetition_ratio(result.output_token_ids),
         attempts=attempts, model=stage.model, sampling=stage.sampling_json,
         settings_hash=stage.settings_hash, created_at=now(),
-        max_thinking_tokens=stage.max_thinking_tokens)
+        max_thinking_tokens=stage.max_thinking_tokens,
+        sample=row.get("sample"), seed=row.get("seed"))  # a regenerated row keeps its own
     out["integrity_flags"] = integrity_flags(out)
     return out
 
@@ -85,7 +86,7 @@ def failure_row(row: dict[str, Any], error_class: str, message: str, attempts: i
             "source": row.get("source"), "line": row.get("line"), "error_class": error_class,
             "error_message": message[:2000], "retryable": retryable,
             "attempts": attempts, "replica": replica, "settings_hash": stage.settings_hash,
-            "failed_at": now()}
+            "failed_at": now(), "sample": row.get("sample")}
 
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from jobs.config import BreakerConfig, RetryConfig, RunConfig
+from jobs.io.samples import SEED_SCHEME
 from serve_apps.app import deployed_engine_hash
 
 
@@ -27,18 +28,25 @@ def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chat
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def output_settings(engine: Any, context_policy: str) -> dict[str, Any]:
+def output_settings(engine: Any, context_policy: str,
+                    samples_per_prompt: int = 1) -> dict[str, Any]:
     """The settings besides sampling that change what a prompt's row holds: which model
     and name, how the prompt is rendered, how the output is split into reasoning and
     answer, the engine's own arguments, and what happens when the context is short.
     Not included: throughput settings (replicas, batch sizes, memory, speculative
-    decoding, which verifies drafts against the model) and timeouts."""
-    return {"kind": engine.kind, "model_path": engine.model_path,
-            "served_model_name": engine.model_name, "chat_template": engine.chat_template,
-            "reasoning_parser": engine.reasoning_parser,
-            "think_end_token": engine.think_end_token,
-            "extra_args": dict(sorted((engine.extra_args or {}).items())),
-            "context_policy": context_policy}
+    decoding, which verifies drafts against the model) and timeouts. With
+    samples_per_prompt > 1 the rows are seeded (jobs/io/samples.py): the seed scheme is
+    in, not the count (a sample's output does not depend on n, so raising n adds samples
+    under the same hash); with 1 nothing is added, so no existing hash changes."""
+    out = {"kind": engine.kind, "model_path": engine.model_path,
+           "served_model_name": engine.model_name, "chat_template": engine.chat_template,
+           "reasoning_parser": engine.reasoning_parser,
+           "think_end_token": engine.think_end_token,
+           "extra_args": dict(sorted((engine.extra_args or {}).items())),
+           "context_policy": context_policy}
+    if samples_per_prompt > 1:
+        out["sample_seeds"] = SEED_SCHEME
+    return out
 
 
 FRESH, RETRY_FAILED, CONTINUE, PILOT = "fresh", "retry-failed", "continue", "pilot"
@@ -104,6 +112,8 @@ class StageSettings:
     call_timeout_s: Optional[float] = None  # no result from a replica for this long: stuck
     engine_config_hash: str = ""  # what this run deployed: a result from another engine stops it
     app_name: str = ""            # for that message
+    samples_per_prompt: int = 1   # job.samples_per_prompt: rows per prompt (jobs/io/samples.py)
+    single_sample_hash: str = ""  # with n > 1: the hash these settings have at n = 1
 
     @property
     def max_thinking_tokens(self) -> Optional[int]:
@@ -119,7 +129,8 @@ class StageSettings:
             sampling_json=json.dumps(sampling, sort_keys=True),
             settings_hash=settings_hash(cfg.engine.model_name, sampling,
                                         output_settings=output_settings(
-                                            cfg.engine, job.context_policy)),
+                                            cfg.engine, job.context_policy,
+                                            job.samples_per_prompt)),
             legacy_settings_hash=settings_hash(cfg.engine.model_name, sampling),
             inflight_rows_per_actor=job.inflight_rows_per_actor,
             rows_per_call=job.rows_per_call, call_linger_s=job.call_linger_s,
@@ -130,4 +141,9 @@ class StageSettings:
             # No row may take longer than the engine's own request timeout; the margin
             # covers the replica's tokenize/detokenize calls around it.
             call_timeout_s=cfg.engine.request_timeout_s + CALL_TIMEOUT_MARGIN_S,
-            engine_config_hash=deployed_engine_hash(cfg.engine), app_name=cfg.serve.app_name)
+            engine_config_hash=deployed_engine_hash(cfg.engine), app_name=cfg.serve.app_name,
+            samples_per_prompt=job.samples_per_prompt,
+            single_sample_hash=settings_hash(cfg.engine.model_name, sampling,
+                                             output_settings=output_settings(
+                                                 cfg.engine, job.context_policy))
+            if job.samples_per_prompt > 1 else "")

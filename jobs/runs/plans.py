@@ -114,6 +114,7 @@ def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -
 
 def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
                    mode: RunMode, stage: StageSettings) -> Plan:
+    check_samples(index, stage)
     check_settings(index, stage.settings_hash, stage.max_new_tokens, stage.run,
                    stage.legacy_settings_hash)
     reject_parts: list[list[dict[str, Any]]] = []
@@ -122,7 +123,8 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], inde
     def collect(part: list[dict[str, Any]]) -> None:
         tally.add(part)
         reject_parts.append(part)
-    admission = admit(cfg, store, inputs, index, mode.retry_failed, collect)
+    admission = admit(cfg, store, inputs, index, mode.retry_failed, collect,
+                      stage.samples_per_prompt)
     guard_rejects(cfg, store, admission, tally, reject_parts)
 
     def build() -> ray.data.Dataset:
@@ -133,10 +135,30 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], inde
         for part in reject_parts:
             write(part)
         table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
-        only = [ray.put(np.sort(admission.table.ordinals))]
+        only = [ray.put(np.unique(admission.table.ordinals))]  # n > 1: repeated
         return pipeline.build(cfg, inputs, table, stage, only)
-    return Plan(admission.total, expect_all=True, build=build,
+    return Plan(sample_total(admission), expect_all=True, build=build,
                 counts=InputCounts.of(admission))
+
+
+def sample_total(admission: Admission) -> int:
+    """What progress counts against: the input rows, each valid key counted once per
+    sample (job.samples_per_prompt), so completed/failed/remaining are (key, sample) rows."""
+    return admission.total + admission.valid_keys * (admission.samples - 1)
+
+
+def check_samples(index: RunIndex, stage: StageSettings) -> None:
+    """A run made with one sample per prompt holds unseeded rows: refuse n > 1 on it (its
+    samples would mix two settings), saying so instead of the generic settings refusal."""
+    if stage.samples_per_prompt == 1 or not stage.single_sample_hash:
+        return
+    rows = sum(n for (h, _), n in index.first_budgets.items() if h == stage.single_sample_hash)
+    if rows:
+        raise RunError(
+            f"run {stage.run!r} holds {rows} rows made with job.samples_per_prompt 1 (no "
+            f"seed); this config asks {stage.samples_per_prompt} samples per prompt, which "
+            f"are seeded rows under other settings. Generate the samples in a new "
+            f"job.run_name (its sample 0 is drawn afresh), or keep samples_per_prompt 1 here.")
 
 
 def check_settings(index: RunIndex, settings_hash: str, budget: int, run: str,
@@ -183,7 +205,7 @@ def guard_rejects(cfg: RunConfig, store: RunStore, admission: Admission, tally: 
 
 
 def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
-          retry_failed: bool, write_rejects: Callable) -> Admission:
+          retry_failed: bool, write_rejects: Callable, samples: int = 1) -> Admission:
     """The driver's admission pass (jobs/pipeline/admission.py); records the input fingerprints
     in <run>/inputs.json and says what changed since the last session."""
     started = time.monotonic()
@@ -192,12 +214,13 @@ def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunInd
     found: list[list[dict[str, Any]]] = []  # rejects, passed on once the pass holds
     try:
         admission = admit_inputs(inputs, index, retry_failed, found.append, limit,
-                                 max_line_bytes, keep_keys=True, recorded=recorded)
+                                 max_line_bytes, keep_keys=True, recorded=recorded,
+                                 samples=samples)
     except PrefixChanged as exc:
         logger.warning("%s: running the whole admission pass", exc)
         found, recorded = [], None
         admission = admit_inputs(inputs, index, retry_failed, found.append, limit,
-                                 max_line_bytes, keep_keys=True)
+                                 max_line_bytes, keep_keys=True, samples=samples)
     for part in found:
         write_rejects(part)
     for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
@@ -223,12 +246,13 @@ def dry_run(cfg: RunConfig, mode: RunMode) -> tuple[dict[str, Any], str]:
     inputs = input_locations(cfg)
     index = RunIndex.open(store)
     stage = StageSettings.of(cfg, mode)
+    check_samples(index, stage)
     check_settings(index, stage.settings_hash, stage.max_new_tokens, stage.run,
                    stage.legacy_settings_hash)
     tally = RejectTally()
     retry_failed = mode.retry_failed
     admission = admit_inputs(inputs, index, retry_failed, tally.add, cfg.job.limit,
-                             cfg.job.max_line_bytes)
+                             cfg.job.max_line_bytes, samples=stage.samples_per_prompt)
     if tally.total < admission.rejects:
         tally.add_known(store)
     text = plan_text(cfg, store, admission, tally, len(index.done),

@@ -8,7 +8,7 @@ Design decisions:
   them. So a prompt ending in "<think>\\n" and a continuation whose earlier
   output started with "<think>\\n" land on the same stream positions and the
   same tokens; continuation never shifts the prompt hash.
-- Per-prompt plan from blake2b(core ids): natural length L (lognormal via
+- Per-prompt plan from blake2b(core ids [+ the request's sampling_seed]): natural length L (lognormal via
   inverse CDF; L counts stream tokens and includes the EOS), the </think>
   position (0.6-0.9 of L) and the request's speculative accept length.
 - Next-token rule: a 64-bit FNV-1a style rolling hash over ids (seeded by the
@@ -28,6 +28,9 @@ Design decisions:
   it; the answer that follows keeps the plan's length (</think> to EOS), so the EOS
   moves up with it. The EOS is placed from wherever </think> is in the stream, so a
   continuation of a cut run still ends where the single run does.
+- A sampling_seed joins the core's digest (plan and word hash): seeds draw different
+  samples of one prompt; no seed is the unseeded plan as before. A continuation sent
+  with the same seed goes on exactly, as without one.
 """
 
 from __future__ import annotations
@@ -107,8 +110,11 @@ def _uniform(word: int) -> float:
     return (word + 0.5) / 2.0**64  # strictly inside (0, 1): inv_cdf is finite
 
 
-def make_plan(core: Sequence[int], params: LengthParams) -> Plan:
-    digest = blake2b(array("q", core).tobytes(), digest_size=32).digest()
+def make_plan(core: Sequence[int], params: LengthParams, sampling_seed: int | None = None) -> Plan:
+    data = array("q", core).tobytes()
+    if sampling_seed is not None:
+        data += b"seed" + sampling_seed.to_bytes(8, "little", signed=True)
+    digest = blake2b(data, digest_size=32).digest()
     seed, w_len, w_think, w_acc = (int.from_bytes(digest[i : i + 8], "little") for i in range(0, 32, 8))
     shift = 0.0
     if params.prompt_coupling and core:
@@ -217,12 +223,13 @@ def generate(
     skip_special_tokens: bool = True,
     no_stop_trim: bool = False,
     max_thinking_tokens: int | None = None,
+    sampling_seed: int | None = None,
 ) -> Generation:
     """The deterministic response to input_ids under SGLang's stopping rules.
     ``max_thinking_tokens``: the request's thinking budget, as SGLang enforces it (only
     sent when the request counts as thinking: require_reasoning under strict thinking)."""
     k = core_length(input_ids)
-    plan = make_plan(input_ids[:k], params)
+    plan = make_plan(input_ids[:k], params, sampling_seed)
     stream = input_ids[k:]
     start = len(stream)
     h = roll(plan.seed_hash, stream)

@@ -5,7 +5,9 @@ Design decisions:
   context length, value ranges, with SGLang's wording) so client bugs show up
   on CPU, not first on a GPU cluster. Sampling knobs that only change *which*
   tokens a real model samples (temperature, top_p, penalties, json_schema...)
-  are validated and then ignored: the simulated output is deterministic.
+  are validated and then ignored: the simulated output is deterministic. The one
+  exception is ``sampling_seed``: another seed draws another output (model.py), as
+  independent samples of a real model differ; the same seed, the same output.
 - Only one prompt per request and no streaming: raygen never batches in one
   HTTP call nor streams; rejecting loudly beats half-supporting.
 - Input ids may lie outside the toy vocabulary (ids from a real tokenizer);
@@ -68,6 +70,7 @@ class GenerateRequest:
     no_stop_trim: bool
     require_reasoning: bool = False
     max_thinking_tokens: int | None = None  # request field; needs strict thinking (server.py)
+    sampling_seed: int | None = None  # sampling_params.sampling_seed: another seed, another output
 
 
 def parse_generate(body: Any) -> GenerateRequest:
@@ -103,6 +106,7 @@ def parse_generate(body: Any) -> GenerateRequest:
         no_stop_trim=_opt_bool(sp, "no_stop_trim", False),
         require_reasoning=_opt_bool(body, "require_reasoning", False),
         max_thinking_tokens=_opt_u64(body, "max_thinking_tokens"),
+        sampling_seed=sp.get("sampling_seed"),
     )
 
 
@@ -219,6 +223,12 @@ def _verify_ranges(sp: dict) -> None:
             raise RequestError(f"{key} must be a number, got {v!r}.")
         if not ok(v):
             raise RequestError(msg.format(v))
+    seed = sp.get("sampling_seed")  # the typed contract's i64, then SamplingParams.verify
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ContractError(f"invalid type: {_serde_unexpected(seed)}, expected i64")
+        if not -(2**63) <= seed <= 2**63 - 1:
+            raise RequestError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
     mx, mn = sp.get("max_new_tokens"), sp.get("min_new_tokens")
     if mx is not None and mn is not None and mn > mx:
         raise RequestError(f"min_new_tokens must be in [0, max_new_tokens({mx})], got {mn}.")

@@ -126,6 +126,7 @@ class Simulator:
             no_stop_trim=req.no_stop_trim,
             # SGLang's strict-thinking grammar starts in thinking only with require_reasoning.
             max_thinking_tokens=req.max_thinking_tokens if req.require_reasoning else None,
+            sampling_seed=req.sampling_seed,
         )
         gen = broken(gen, self.settings.broken_output, max_new)
         n_in, n_out = len(req.input_ids), len(gen.output_ids)

@@ -312,6 +312,22 @@ def test_thinking_budget_is_the_request_field_sglang_decodes(sglang):
         sglang.api_types.GenerateRequest.from_json_value(body)
 
 
+def test_a_samples_seed_is_the_sampling_seed_sglang_decodes(sglang):
+    """With job.samples_per_prompt > 1 each row's seed goes in its sampling params
+    (jobs/pipeline/generate_stage.py): SGLang's request decoder takes it as
+    sampling_params.sampling_seed, at either end of raygen's range (jobs/io/samples.py)."""
+    from jobs.io.samples import SEED_FIELD, sample_seed
+    assert SEED_FIELD == "sampling_seed"
+    for seed in (0, 2**63 - 1, sample_seed(bytes(16), "q-1", 3)):
+        params = dict(SamplingConfig().to_sglang(), max_new_tokens=64, **{SEED_FIELD: seed})
+        request = sglang.api_types.GenerateRequest.from_json_value(_sent_generate_body(params))
+        assert request.sampling_params.sampling_seed == seed
+    body = _sent_generate_body({"max_new_tokens": 16})
+    body["sampling_params"]["seed"] = 1  # vLLM's name: an unknown field to SGLang
+    with pytest.raises(sglang.api_types.JsonContractError, match="seed"):
+        sglang.api_types.GenerateRequest.from_json_value(body)
+
+
 def test_the_strict_thinking_flag_raygen_asks_for_is_sglangs(sglang, sglang_parser):
     """The flag config validation names (contract.config.STRICT_THINKING_FLAG), passed
     through extra_args, reaches SGLang's server args; the test pool runs with it."""

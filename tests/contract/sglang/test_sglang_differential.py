@@ -181,6 +181,8 @@ def test_scheduler_clamp_is_context_minus_input_minus_two(sglang_stack, sim):
     {"max_new_tokens": 4, "frequency_penalty": 3},
     {"max_new_tokens": 4, "repetition_penalty": 0},
     {"max_new_tokens": 2, "min_new_tokens": 3},
+    {"max_new_tokens": 4, "sampling_seed": 2**63},   # raygen's seeds are in [0, 2**63)
+    {"max_new_tokens": 4, "sampling_seed": 1.5},
 ])
 def test_error_bodies_match(sglang_stack, sim, sampling):
     real, simulated = both(sglang_stack, sim, chat_ids(QUESTION), sampling)
