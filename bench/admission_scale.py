@@ -145,9 +145,9 @@ print(json.dumps({{"keys": len(index.done), "open_s": opened, "to_generate": len
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def synthetic_input(path: Path, n: int) -> None:
-    with open(path, "w") as f:
-        for i in range(n):
+def synthetic_input(path: Path, n: int, start: int = 0, mode: str = "w") -> None:
+    with open(path, mode) as f:
+        for i in range(start, start + n):
             if i % 1000 == 999:
                 f.write('{"id": "broken", "messages": [\n')
                 continue
@@ -175,6 +175,49 @@ def pass_time(n: int) -> dict[str, float]:
             "input_mib": path.stat().st_size / 2**20 if path.exists() else float("nan")}
 
 
+def reuse_time(n: int, new: int = NEW_ROWS) -> dict[str, float]:
+    """A resume's admission pass over an input of n rows + ``new`` appended ones, the run
+    holding every valid key of the n: the whole pass against going on from the recorded
+    one (jobs/pipeline/admission_cache.py), and over the unchanged input."""
+    from jobs.config import StorageConfig
+    from jobs.io.run_store import RunStore
+    from jobs.io.sources import MAX_LINE_BYTES
+    from jobs.io.storage import locate
+    from jobs.pipeline import admission_cache
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "prompts.jsonl"
+        synthetic_input(path, n)
+        store = RunStore(str(Path(tmp) / "run"), StorageConfig())
+        store.init_run_file()
+        inputs = [locate(str(path), StorageConfig())]
+        started = time.perf_counter()
+        first = admit_inputs(inputs, RunIndex.open(store), False, lambda part: None,
+                             keep_keys=True)
+        first_s = time.perf_counter() - started
+        started = time.perf_counter()
+        admission_cache.save(store, inputs, None, MAX_LINE_BYTES, first)
+        save_s = time.perf_counter() - started
+        index = RunIndex.holding({}, reject_ids=first.reject_ids)
+        index.latest["digest"], index.store = first.input_keys[0], store  # all done
+        index.latest["prompt"] = np.zeros(len(first.input_keys[0]), np.uint64)
+
+        def reused() -> tuple[float, int]:
+            started = time.perf_counter()
+            rec = admission_cache.load(store, inputs, None, MAX_LINE_BYTES, index)
+            result = admit_inputs(inputs, index, False, lambda part: None, recorded=rec)
+            return time.perf_counter() - started, len(result.table)
+        same_s, _ = reused()
+        synthetic_input(path, new, start=n, mode="a")
+        started = time.perf_counter()
+        whole = admit_inputs(inputs, index, False, lambda part: None)
+        whole_s = time.perf_counter() - started
+        tail_s, admitted = reused()
+        assert admitted == len(whole.table), (admitted, len(whole.table))
+    return {"rows": n, "new": new, "first_s": first_s, "save_s": save_s, "whole_s": whole_s,
+            "tail_s": tail_s, "same_s": same_s, "admitted": admitted,
+            "record_mib": len(first.input_keys[0]) * 20 / 2**20}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.admission_scale",
                                      description=__doc__,
@@ -182,6 +225,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000_000)
     parser.add_argument("--rows", type=int, default=900_000)
     parser.add_argument("--index-keys", type=int, default=0)
+    parser.add_argument("--reuse", type=int, default=0, metavar="ROWS",
+                        help="a resume's admission pass over ROWS + 3,000 appended rows: "
+                             "whole pass vs going on from the recorded one, side by side")
     parser.add_argument("--index-compact", action="store_true",
                         help="--index-keys: open from the sidecars, write the compact index "
                              "object, open from it (both printed)")
@@ -206,6 +252,14 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"({m['table_bytes_per_key']:.0f} B/key); pass peak {m['pass_peak_bytes']:,} "
               f"bytes; built in {m['build_s']:.1f} s; a Python set of the key strings: "
               f"{m['python_set_bytes_per_key']:.0f} B/key", flush=True)
+    if args.reuse:
+        r = reuse_time(args.reuse)
+        print(f"resume admission over {r['rows']:,} held + {r['new']:,} appended rows "
+              f"({r['admitted']:,} to generate): whole pass {r['whole_s']:.1f} s, going on "
+              f"from the recorded pass {r['tail_s']:.2f} s ({r['whole_s'] / r['tail_s']:.0f}x); "
+              f"input unchanged {r['same_s']:.2f} s; the first pass {r['first_s']:.1f} s + "
+              f"recording it {r['save_s']:.2f} s (~{r['record_mib']:.0f} MiB of keys)",
+              flush=True)
     if args.rows:
         t = pass_time(args.rows)
         print(f"driver pass over {t['rows']:,} rows: {t['seconds']:.1f} s "

@@ -85,7 +85,7 @@ def save(store: RunStore, inputs: list[Location], limit: Optional[int], max_line
     table = pa.table({"digest": pa.array(digests, pa.uint64()),
                       "ordinal": pa.array(ordinals, pa.int64()),
                       "count": pa.array(counts, pa.uint32())})
-    table = table.replace_schema_metadata({"raygen_admission": json.dumps(meta)})
+    table = table.replace_schema_metadata({"admission_record": json.dumps(meta)})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
@@ -127,7 +127,7 @@ def load(store: RunStore, inputs: list[Location], limit: Optional[int], max_line
         return None
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-        meta = json.loads(table.schema.metadata[b"raygen_admission"])
+        meta = json.loads(table.schema.metadata[b"admission_record"])
     except (pa.ArrowInvalid, OSError, KeyError, TypeError, ValueError) as exc:
         logger.warning("%s is unreadable (%s): running the admission pass", loc.uri, exc)
         return None
