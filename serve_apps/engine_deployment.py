@@ -31,6 +31,7 @@ from contract.protocol import GenerateRequest, GenerateResult
 from serve_apps import canary
 from serve_apps.chat_format import model_template_renderer, render_prompt
 from serve_apps.engine_client import EngineClient, effective_running_cap
+from serve_apps.engine_clock import EngineClock
 from serve_apps.engine_process import start_engine
 from serve_apps.engines import launch_command, launch_env
 from serve_apps.generation import Generator
@@ -100,11 +101,15 @@ DRAIN_HOLD_S = 30.0
 
 class EngineReplica:
     def __init__(self, cfg: EngineConfig, *, backend: BackendFactory = ProcessBackend,
-                 canary_board: Optional[Callable[[], Any]] = None):
+                 canary_board: Optional[Callable[[], Any]] = None,
+                 clock: Optional[Callable[..., EngineClock]] = None):
         self.cfg = cfg
         self.config_hash = cfg.config_hash()
         self.replica_id = _replica_id()
+        started_at = time.time()
         self.engine = backend(cfg, f"engine[{self.replica_id}]")
+        # None: idle time not published (outside Serve); the job reads it (engine_clock.py)
+        self.clock = clock(_app_name(), self.replica_id, started_at, time.time()) if clock else None
         self.client = self.engine.client
         render = (model_template_renderer(self.cfg.model_path)
                   if self.cfg.chat_template == "model" else render_prompt)
@@ -159,6 +164,8 @@ class EngineReplica:
                 up = await self.client.healthy()
                 text = await self.client.metrics_text() if up else ""
                 self.metrics.relay_engine(text, up)
+                if up and self.clock is not None:  # a GCS call: off the event loop
+                    await asyncio.to_thread(self.clock.publish, self.metrics.engine.values)
             except Exception as exc:  # a metrics hiccup must never hurt generation
                 logger.warning("engine metrics relay failed: %s", exc)
             await asyncio.sleep(RELAY_PERIOD_S)
@@ -240,6 +247,8 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
+        if getattr(self, "clock", None) is not None:
+            self.clock.close()
 
 
 @serve.deployment
@@ -248,4 +257,5 @@ class EngineDeployment(EngineReplica):
     the cluster's canary board judges its canary."""
 
     def __init__(self, engine_config: dict[str, Any]):
-        super().__init__(parse_engine_config(engine_config), canary_board=canary.BoardClient)
+        super().__init__(parse_engine_config(engine_config), canary_board=canary.BoardClient,
+                         clock=EngineClock)

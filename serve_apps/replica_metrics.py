@@ -18,6 +18,7 @@ from ray.serve import metrics
 
 from contract.protocol import GenerateRequest, GenerateResult
 from dashboards import metrics_catalog as mc
+from serve_apps import engine_clock
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,15 @@ class EngineRelay:
     undeclared tag keys.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watched: tuple[str, ...] = ()) -> None:
         self.gauges: dict[str, tuple[metrics.Gauge, tuple[str, ...]]] = {}
         self._warned: set[str] = set()
+        self.watched = frozenset(watched)  # sample names whose last values are kept
+        self.values: dict[str, float] = {}  # of the last page, summed over label sets
 
     def relay(self, metrics_text: str) -> int:
         """Set the gauges of every engine sample; returns how many samples were relayed."""
-        relayed = 0
+        relayed, values = 0, {}
         for family in text_string_to_metric_families(metrics_text):
             # A counter's family is named without _total when its TYPE line names it
             # with _total (SGLang's page), with it when the page has no TYPE line.
@@ -65,10 +68,13 @@ class EngineRelay:
             for sample in family.samples:
                 if not sample.name.startswith(mc.SGLANG_PREFIX):
                     continue
+                if sample.name in self.watched:
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
                 if self._set(mc.relay_name(sample.name), sample):
                     relayed += 1
                     if for_ray:  # same labels as the gauge just set, so it cannot be refused
                         self._set(mc.ray_dashboard_name(sample.name), sample)
+        self.values = values
         return relayed
 
     def _set(self, gauge_name: str, sample: Any) -> bool:
@@ -98,7 +104,8 @@ class ReplicaMetrics:
         self.latency = _histogram(mc.REQUEST_LATENCY, LATENCY_BOUNDARIES_S)
         self.inflight = _gauge(mc.INFLIGHT_REQUESTS)
         self.engine_up = _gauge(mc.ENGINE_UP)
-        self.engine = EngineRelay()
+        # The values the engine clock publishes (serve_apps/engine_clock.py).
+        self.engine = EngineRelay((engine_clock.IDLE_COUNTER, *engine_clock.WORK_GAUGES))
 
     def record(self, request: GenerateRequest, result: GenerateResult) -> None:
         if result.error_class:

@@ -46,6 +46,9 @@ COUNTERS = (
     ("sglang:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_total"),
     ("sglang:num_requests", "Number of requests processed.", "requests_total"),
 )
+# SGLang 0.5.23 labels this scheduler counter as its gauges (model_name, engine_type, ranks).
+IDLE = ("sglang:scheduler_idle_seconds", "Total wall time while the scheduler has no runnable or queued work.",
+        "idle_seconds_total")
 
 
 # Label values of a single-GPU engine (no tensor/pipeline/expert parallelism), not streamed.
@@ -69,6 +72,7 @@ class SimulatorCollector(Collector):
             yield GaugeMetricFamily(name, doc, labels=list(self._gauge_labels))
         for name, doc, _ in COUNTERS:
             yield CounterMetricFamily(name, doc, labels=list(self._counter_labels))
+        yield CounterMetricFamily(IDLE[0], IDLE[1], labels=list(self._gauge_labels))
 
     def collect(self) -> Iterable[Metric]:
         s = self._stats()
@@ -80,6 +84,9 @@ class SimulatorCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=list(self._counter_labels))
             c.add_metric(list(self._counter_labels.values()), float(getattr(s, attr)))
             yield c
+        idle = CounterMetricFamily(IDLE[0], IDLE[1], labels=list(self._gauge_labels))
+        idle.add_metric(list(self._gauge_labels.values()), float(s.idle_seconds_total))
+        yield idle
 
 
 def build_registry(model_name: str, stats: Callable[[], SchedulerStats]) -> CollectorRegistry:

@@ -64,6 +64,7 @@ class SchedulerStats:
     spec_accept_length: float  # recent completed requests; 0 when none / speculative off
     token_usage: float  # running tokens / (context_length * max_running_requests)
     capacity_tok_s: float  # max_decode_tok_s per wall second; 0 in zero-latency mode (infinite)
+    idle_seconds_total: float  # wall s with nothing running or queued (SGLang's scheduler_idle_seconds)
 
 
 class Scheduler:
@@ -93,6 +94,8 @@ class Scheduler:
         self._samples: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])
         self._spec_recent: deque[tuple[int, int]] = deque(maxlen=SPEC_WINDOW_REQUESTS)
         self.generation_tokens_total = 0
+        self._idle_s = 0.0  # closed idle spells
+        self._idle_since: float | None = time.monotonic()  # None while there is work
         self.prompt_tokens_total = 0
         self.requests_total = 0
 
@@ -119,6 +122,7 @@ class Scheduler:
         job = _Job(prompt_tokens, compute_tokens / self.prefill_tok_s, completion_tokens, slow_factor, verify_steps,
                    loop.create_future(), on_prefilled=on_prefilled)
         self._advance(time.monotonic())
+        self._busy(time.monotonic())
         self._queue.append(job)
         self._kick()
         try:
@@ -144,7 +148,13 @@ class Scheduler:
             spec_accept_length=spec_tokens / spec_steps if spec_steps else 0.0,
             token_usage=running_tokens / (self.context_length * self.max_running),
             capacity_tok_s=self.max_decode_tok_s / self.time_scale if self.time_scale else 0.0,
+            idle_seconds_total=self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0),
         )
+
+    def _busy(self, now: float) -> None:
+        if self._idle_since is not None:
+            self._idle_s += now - self._idle_since
+            self._idle_since = None
 
     # ---- driver ---------------------------------------------------------
     def _kick(self) -> None:
@@ -170,6 +180,8 @@ class Scheduler:
                 timer.cancel()
         finally:
             self._driver = None
+            if not self._running and not self._queue:
+                self._idle_since = time.monotonic()
 
     def _rate(self) -> float:
         n = len(self._running)

@@ -247,6 +247,7 @@ def test_metrics_names_and_counters(sim_fast):
         "sglang:generation_tokens_total",
         "sglang:prompt_tokens_total",
         "sglang:num_requests_total",
+        "sglang:scheduler_idle_seconds_total",  # SGLang 0.5.23's name; jobs/runs/engine_idle.py
     ):
         assert name in after, name
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == 37

@@ -179,3 +179,20 @@ def test_hundreds_of_concurrent_requests(clock):
     sim_s = 8 * 2000 / (3500 / 48) + 2000 / 100 + 9 * 100 / 20000
     assert elapsed == pytest.approx(sim_s * 0.001, abs=EXACT)
     assert st.generation_tokens_total == 800_000 and st.requests_total == 400
+
+
+def test_idle_seconds_count_only_time_without_work(clock):
+    """sglang:scheduler_idle_seconds_total: idle 1 s, busy 0.2 s (one request), idle 0.5 s."""
+    async def go():
+        s = make(time_scale=0.01)
+        await asyncio.sleep(1.0)
+        before = s.stats().idle_seconds_total
+        await s.run(10, 10, 2000)  # 0.2 wall s of work
+        during_and_after = s.stats().idle_seconds_total
+        await asyncio.sleep(0.5)
+        return before, during_and_after, s.stats().idle_seconds_total
+
+    before, after_run, later = run_virtual(go, clock)
+    assert before == pytest.approx(1.0)
+    assert after_run == pytest.approx(1.0, abs=EXACT)
+    assert later == pytest.approx(1.5, abs=EXACT)
