@@ -55,13 +55,15 @@ class ProgressTracker:
                  index: Optional[RunIndex] = None, watchdog: Optional[Watchdog] = None,
                  on_stall: Optional[Callable[[float, float], None]] = None,
                  counts: Optional[InputCounts] = None,
-                 fence: Optional[Callable[[], Optional[str]]] = None):
+                 fence: Optional[Callable[[], Optional[str]]] = None,
+                 engine_idle: Optional[Callable[[], Optional[dict]]] = None):
         self.store, self.total, self.run, self.model = store, total, run, model
         self.interval_s, self.gauges = interval_s, gauges
         self.watchdog, self.on_stall = watchdog, on_stall  # fed from the thread's scans
         self.counts = counts  # None (a continuation): counts are the run's own
         # The run's lease (RunLease.fenced): once it says why, nothing more is written.
         self.fence = fence or (lambda: None)
+        self.engine_idle = engine_idle  # jobs/runs/engine_idle.EngineIdleWatch
         self.index = index if index is not None else RunIndex(store)
         self.started = time.time()
         self._history: collections.deque = collections.deque()
@@ -176,6 +178,7 @@ class ProgressTracker:
             "session_retried_failures": _done_of(c, self.failed_at_start),
             "session_regenerated_damaged": _done_of(c, self.lost_at_start),
             "outside_input": outside,  # rows whose prompt left the input (not counted)
+            "engine_idle_gpu_s": self.engine_idle() if self.engine_idle else None,
         }
         self.last = snapshot
         fenced = self.fence()

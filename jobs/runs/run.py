@@ -26,16 +26,18 @@ from jobs.io.run_store import RunStore, UnknownRunFormat
 from jobs.io.storage import is_local, storage_full, write_json_atomic
 from jobs.pipeline import chain as pipeline
 from jobs.pipeline.retry import CircuitOpen
+from jobs.pipeline import warmup
 from jobs.pipeline.settings import RunMode, StageSettings
 from jobs.runs import plans
 from jobs.runs.context_check import check_context as run_check, describe as describe_check
+from jobs.runs.engine_idle import EngineIdleWatch, describe as describe_idle
 from jobs.runs.errors import RunError
 from jobs.runs.job_metrics import JobGauges, dashboard_url
 from jobs.runs.lease import LeaseHeld, RunLease, UnsafeStore
 from jobs.runs.progress import ProgressTracker
 from jobs.runs.provenance import record_session as record_provenance
 from jobs.runs.watchdog import Watchdog, diagnose
-from serve_apps.app import deploy_or_attach, deployed_engine_hash
+from serve_apps.app import deploy_or_attach, deployed_engine_hash, deployment_options
 from serve_apps.app_claims import AppInUse, claim_app
 
 logger = logging.getLogger("raygen")
@@ -183,11 +185,15 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
         return Summary("succeeded", report, describe_check(report))
     stage = StageSettings.of(cfg, mode)
     lease = take_lease(store, cfg)  # before the run's state is read or anything written
+    warm = None
     try:
         try:
             store.init_run_file()  # the run's format and key salt, before any part
         except UnknownRunFormat as exc:
             raise RunError(str(exc)) from None
+        if warmup.enabled() and warmup.cluster_running():  # also while the plan is made; a
+            _init_ray(stop_exc)  # local run starts no Ray before the plan's reject guard
+            warm = warmup.start(3 * pipeline.LIGHT_TASKS, pipeline.LIGHT_CPU)  # read, validate, write
         started = time.monotonic()
         index = RunIndex.open(store)  # the resume state: what the run's files hold
         logger.info("run index read in %.1f s: %s", time.monotonic() - started,
@@ -195,14 +201,21 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
         index_compact.maybe_write(index, index_compact.OPEN_COMPACT_PARTS)  # many uncovered
         plan = plans.plan(cfg, store, inputs, index, mode, stage)
         _init_ray(stop_exc)
+        if warm is None:  # the pipeline's processes start while the engines are deployed
+            warm = warmup.start(3 * pipeline.LIGHT_TASKS, pipeline.LIGHT_CPU)
         check_output_reachable(store, cfg)
         with claim_engines(cfg, store):
             handle = deploy_or_attach(cfg.engine, cfg.serve)
+            idle = EngineIdleWatch(cfg.serve.app_name, deployment_options(
+                cfg.engine, cfg.serve)["ray_actor_options"]["num_gpus"])  # engines ready: t0
             record_provenance(cfg, store, mode, handle)  # <run>/provenance.json, changes logged
             return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
                             expect_all=plan.expect_all, index=index, counts=plan.counts,
-                            versions_as="regenerated" if mode.regenerates else "continued")
+                            versions_as="regenerated" if mode.regenerates else "continued",
+                            warm=warm, engine_idle=idle)
     finally:
+        if warm is not None:
+            warm.close()
         lease.release()
 
 
@@ -254,7 +267,7 @@ def _write_status_now(progress, status: str) -> None:
 def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
              build: Callable, lease=None, expect_all: bool = True,
              index: Optional[RunIndex] = None, counts=None,
-             versions_as: str = "continued") -> Summary:
+             versions_as: str = "continued", warm=None, engine_idle=None) -> Summary:
     """Stream the dataset into the run, with progress.json around it."""
     stalled: dict[str, str] = {}
 
@@ -281,7 +294,7 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s, JobGauges.for_config(cfg),
                                index=index, watchdog=watchdog, on_stall=on_stall,
-                               counts=counts, fence=fence).start()
+                               counts=counts, fence=fence, engine_idle=engine_idle).start()
     url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
     if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
         logger.info("raygen dashboard for this run: %s", url)
@@ -294,6 +307,8 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     _STOP_HOOKS.append(on_stop)
     status, error = "failed", None
     try:
+        if warm is not None:
+            warm.release()
         pipeline.write(build(), cfg, store.uri)
         status, error = verdict(progress.update(), expect_all)
     except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM), Ctrl-C, lease lost
@@ -322,6 +337,8 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
                        snap["failed"], store.uri)
     text = summary_text(store, progress.index, snap, versions_as)
+    if engine_idle is not None:
+        text += "\n" + describe_idle(snap.get("engine_idle_gpu_s"))
     if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
         text += "\n  nothing to do: every prompt already has a result"
     if lease is not None and lease.takeover:

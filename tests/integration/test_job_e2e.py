@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 
 import boto3
 import pandas as pd
@@ -67,6 +68,14 @@ def test_job_writes_one_row_per_prompt_to_s3(e2e_run, s3_endpoint):
     p = summary.progress
     assert (p["completed"], p["truncated"]) == (120, len(cut))
     assert p["output_tokens"] == int(df["completion_tokens"].sum())
+    # The engines' idle GPU-seconds, from their own idle counters, in progress.json too.
+    body = boto3.client("s3", endpoint_url=s3_endpoint).get_object(
+        Bucket=BUCKET, Key="runs/e2e/progress.json")["Body"].read()
+    idle = json.loads(body)["engine_idle_gpu_s"]
+    assert idle == p["engine_idle_gpu_s"] and idle["engines"] >= 2  # + any just replaced
+    parts = idle["ramp"] + idle["tail"] + idle["restarts"] + idle["other"]
+    assert idle["total"] >= 0 and abs(idle["total"] - parts) < 0.5  # each part rounded
+    assert "  idle GPU:  " in summary.text
 
     # Rerun: resume finds everything durable and sends nothing.
     again = run_job(cfg, RunMode(), stop_exc=_Never)
