@@ -45,6 +45,7 @@ class ModeResult:
     peak_rss_total: int = 0     # peak of (driver + actors/workers + replicas), or the client
     watch: Optional[EngineWatch] = None
     notes: list[str] = field(default_factory=list)
+    idle_gpu_s: Optional[dict] = None  # raygen: progress.json's engine_idle_gpu_s
 
 
 @dataclass
@@ -95,8 +96,10 @@ class _Never(Exception):
     pass
 
 
-def run_raygen(ctx: Context) -> ModeResult:
-    """(a) raygen: jobs.runs.run.run_job with the config (engines already deployed: it attaches)."""
+def run_raygen(ctx: Context, warm: bool = True) -> ModeResult:
+    """(a) raygen: jobs.runs.run.run_job with the config (engines already deployed: it
+    attaches); ``warm`` False: with RAYGEN_WARM_START=0 (the start-up before
+    jobs/pipeline/warmup.py)."""
     from jobs.config import parse_config
     from jobs.pipeline.settings import RunMode
     from jobs.runs.run import run_job
@@ -106,11 +109,20 @@ def run_raygen(ctx: Context) -> ModeResult:
     tree = json.loads(json.dumps(ctx.tree))
     tree["job"]["run_name"] = f"bench-{uuid.uuid4().hex[:8]}"
     cfg = parse_config(tree)
-    res = ModeResult("raygen", ctx.rows)
-    with measured(ctx, res):
-        res.started_at = time.time()
-        summary = run_job(cfg, RunMode(), stop_exc=_Never)
-        res.ended_at = time.time()
+    res = ModeResult("raygen" if warm else "raygen_cold", ctx.rows)
+    before = os.environ.get("RAYGEN_WARM_START")
+    os.environ["RAYGEN_WARM_START"] = "1" if warm else "0"  # read by run_job in this process
+    try:
+        with measured(ctx, res):
+            res.started_at = time.time()
+            summary = run_job(cfg, RunMode(), stop_exc=_Never)
+            res.ended_at = time.time()
+    finally:
+        if before is None:
+            os.environ.pop("RAYGEN_WARM_START", None)
+        else:
+            os.environ["RAYGEN_WARM_START"] = before
+    res.idle_gpu_s = summary.progress.get("engine_idle_gpu_s")
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     data = store.read_kind("data", ["created_at", "latency_s", "completion_tokens"])
     res.rows = data.num_rows
@@ -212,7 +224,8 @@ def _local_files(folder: Path):
     return fs, [i for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
 
 
-RUNNERS = {"raygen": run_raygen, "plain": run_plain, "raydata_llm": run_raydata_llm}
+RUNNERS = {"raygen": run_raygen, "raygen_cold": lambda ctx: run_raygen(ctx, warm=False),
+           "plain": run_plain, "raydata_llm": run_raydata_llm}
 
 
 def _remove(loc) -> None:

@@ -33,6 +33,7 @@ class Figures:
     last_row_s: float       # last result available - 99% of results available
     return_s: float         # the mode returned (job finished) - last row written
     ramp_s: Optional[float]  # start -> engines first at >= 90% of capacity
+    first_request_s: Optional[float]  # start -> the earliest (result time - its latency)
     batch: Optional[dict]    # engines' running/queued requests in the steady window
     longest_s: float
     tail_ratio: Optional[float]
@@ -42,6 +43,7 @@ class Figures:
     peak_rss_mib: float
     rss_by_role: dict[str, float]
     notes: list[str]
+    idle_gpu_s: Optional[dict] = None  # raygen: the session's engine_idle_gpu_s
     engine_cpu_s: float = 0.0   # the engines' processes over the mode
     cpu_share: Optional[float] = None  # the mode's CPU / (its CPU + the engines')
 
@@ -89,6 +91,9 @@ def figures(res: ModeResult, capacity_tok_s: Optional[float], plain_tok_s: Optio
     if res.watch and capacity_tok_s:
         hit = res.watch.first_time_at(0.9 * capacity_tok_s)
         ramp = None if hit is None else hit - res.started_at
+    first = None
+    if res.done_at.size and res.latency_s.size == res.done_at.size:
+        first = float(np.min(res.done_at - res.latency_s)) - res.started_at
     cpu_total = sum(res.cpu_s.values())
     share = cpu_total / (cpu_total + res.engine_cpu_s) if res.engine_cpu_s > 0 else None
     return Figures(
@@ -96,7 +101,7 @@ def figures(res: ModeResult, capacity_tok_s: Optional[float], plain_tok_s: Optio
         wall_s=wall, tok_s=tok_s, ratio_plain=(tok_s / plain_tok_s) if plain_tok_s else None,
         steady_tok_s=steady, capacity_tok_s=capacity_tok_s, saturation=saturation,
         window=window, tail_s=tail, last_row_s=last, return_s=ret, ramp_s=ramp, batch=batch,
-        longest_s=longest,
+        first_request_s=first, idle_gpu_s=res.idle_gpu_s, longest_s=longest,
         tail_ratio=(tail / longest) if longest > 0 else None,
         cpu_ms_row=1000.0 * cpu_total / max(res.rows, 1),
         cpu_by_role=_by_role(res.cpu_s),
@@ -121,9 +126,14 @@ def markdown(figs: list[Figures], header: list[str]) -> str:
     lines += ["| " + " | ".join(f.row()) + " |" for f in figs]
     lines += ["", "Details:", ""]
     for f in figs:
+        after_first = (f.ramp_s - f.first_request_s
+                       if f.ramp_s is not None and f.first_request_s is not None else None)
         lines.append(
-            f"- **{f.mode}**: engines first at ≥90% of capacity "
-            f"{_f(f.ramp_s, '{:.1f}')} s after start; "
+            f"- **{f.mode}**: first request {_f(f.first_request_s, '{:.1f}')} s after start; "
+            f"engines first at ≥90% of capacity "
+            f"{_f(f.ramp_s, '{:.1f}')} s after start ({_f(after_first, '{:.1f}')} s after "
+            f"the first request); "
+            + (f"engines' idle GPU-s {f.idle_gpu_s}; " if f.idle_gpu_s else "") +
             f"steady window {f.window[0]:.1f}–{f.window[1]:.1f} s after start"
             + (f" (per engine: {f.batch['mean_running']:.1f} running, min "
                f"{f.batch['min_running']:.0f}, {f.batch['mean_queued']:.1f} queued; below a full "

@@ -26,6 +26,8 @@ from bench.report import Figures, figures, markdown
 
 logger = logging.getLogger("bench")
 MODES = ("raygen", "plain", "raydata_llm")
+EXTRA_MODES = ("raygen_cold",)  # only when asked for: raygen with RAYGEN_WARM_START=0
+DATA_MODES = ("raygen", "raygen_cold", "raydata_llm")  # the modes that run a Ray Data job
 ENGINES = ("simulator", "sglang-cpu")
 
 
@@ -50,6 +52,7 @@ class Options:
     rss_period_s: float = 0.5
     overrides: list[str] = field(default_factory=list)  # raygen config --set dotted=value
     env: dict[str, str] = field(default_factory=dict)  # env vars for a cluster we start
+    data_coordinator: str = "fresh"  # fresh: removed before each Ray Data mode; kept
 
     @property
     def scale(self) -> float:
@@ -141,6 +144,22 @@ def wait_running(app_name: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.5)
 
 
+def data_coordinator(state: str) -> None:
+    """Ray Data's autoscaling coordinator (a detached actor the first dataset of a cluster
+    creates) as each Ray Data mode should find it, whatever ran before: ``fresh`` removes
+    it (the first Ray Data job of a cluster), ``kept`` makes sure it runs (a cluster that
+    ran a job before). Only on the cluster this run started."""
+    import ray
+    import ray.data
+    if state == "kept":
+        ray.data.range(1).materialize()
+        return
+    try:
+        ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"))
+    except ValueError:  # not created yet
+        pass
+
+
 def code_version() -> str:
     """The raygen commit and whether jobs/ or serve_apps/ differ from it (others edit here)."""
     import subprocess
@@ -177,9 +196,9 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
     from jobs.config import parse_config
     from serve_apps.app import deploy_or_attach
 
-    unknown = set(opt.modes) - set(MODES)
+    unknown = set(opt.modes) - set(MODES + EXTRA_MODES)
     if unknown:
-        raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES}")
+        raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES + EXTRA_MODES}")
     if opt.engine not in ENGINES:
         raise ValueError(f"unknown engine {opt.engine!r}; choose from {ENGINES}")
     work = Path(opt.work_dir)
@@ -212,6 +231,8 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
                       keep_outputs=opt.keep_outputs)
         results = []
         for mode in opt.modes:
+            if own_ray and mode in DATA_MODES:
+                data_coordinator(opt.data_coordinator)
             logger.warning("bench: mode %s, %d prompts ...", mode, opt.prompts)
             res = RUNNERS[mode](ctx)
             logger.warning("bench: mode %s done in %.1f s", mode, res.ended_at - res.started_at)
@@ -253,6 +274,8 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         f"{'S3' if (opt.output or '').startswith('s3://') else 'local Parquet'}"
         f"{'; overrides ' + ', '.join(opt.overrides) if opt.overrides else ''}"
         f"{'; env ' + ', '.join(f'{k}={v}' for k, v in opt.env.items()) if opt.env else ''}"
+        + (f"; Ray Data's coordinator {opt.data_coordinator} before each Ray Data mode"
+           if own_ray else "") +
         ".",
         "",
         f"Machine: {machine_line}.",
@@ -285,6 +308,9 @@ def parse_args(argv: Optional[list[str]]) -> Options:
     p.add_argument("--engine", choices=ENGINES, default="simulator",
                    help="sglang-cpu: SGLang's real engine on this CPU, the sampled test model")
     p.add_argument("--keep-outputs", action="store_true")
+    p.add_argument("--data-coordinator", choices=("fresh", "kept"), default="fresh",
+                   help="Ray Data's autoscaling coordinator before each Ray Data mode: fresh "
+                        "(removed: the cluster's first Ray Data job) or kept (running)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="raygen config override, e.g. --set serve.max_ongoing_requests=128")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -297,6 +323,7 @@ def parse_args(argv: Optional[list[str]]) -> Options:
                    actors=a.actors, max_running=a.max_running,
                    max_new_tokens=a.max_new_tokens, engine=a.engine,
                    keep_outputs=a.keep_outputs, overrides=a.set,
+                   data_coordinator=a.data_coordinator,
                    env=dict(e.partition("=")[::2] for e in a.env))
 
 

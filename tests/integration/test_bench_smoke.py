@@ -41,5 +41,9 @@ def test_bench_produces_complete_sane_figures(ray_cluster, s3_endpoint, tmp_path
     # raygen's CPU covers the driver, the Ray Data workers, the replicas and Ray itself.
     assert {"driver", "ray_workers", "serve", "ray_system"} <= by_mode["raygen"].cpu_by_role.keys()
     assert by_mode["raygen"].cpu_by_role["serve"] > 0
+    # The start-up figures: the first request, and raygen's idle GPU-s from its engines.
+    assert all(f.first_request_s is not None for f in result.figures)
+    idle = by_mode["raygen"].idle_gpu_s
+    assert idle is not None and idle["engines"] >= 2 and idle["total"] >= 0
     text = (tmp_path / "bench.md").read_text()
     assert all(c in text for c in COLUMNS) and "| raydata_llm |" in text
