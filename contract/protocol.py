@@ -12,7 +12,9 @@ sync). The other fields stay on the wire: ``key`` (the job's own row key), ``tex
 ``request_id`` (the sender's id of the request it answers), ``engine_config_hash``
 (the answering replica's engine: the job writes only rows of the engine it deployed, so
 a row's ``settings_hash`` and ``model`` are what produced it) and ``drained`` (a drained
-replica's condemned rows, which the job records: jobs/runs/regenerate.py).
+replica's condemned rows, which the job records: jobs/runs/regenerate.py) and
+``assistant_spans`` (where the prompt's assistant turns lie in its ids: the job stores
+them with its turns, jobs/pipeline/turns.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class GenerateRequest:
     input_ids: Optional[list[int]] = None   # ... or token-exact ids (continuation)
     prompt_len: Optional[int] = None        # with input_ids: how many are the prompt
     request_id: str = ""                    # unique per send: results are matched by it
+    assistant_spans: bool = False           # job.regenerate every_turn: say where the
+                                            # prompt's assistant turns lie in its ids
 
     __reduce__ = _by_position
 
@@ -79,6 +83,8 @@ class GenerateResult:
                                   # (the app redeployed under the run) are refused
     drained: Optional[dict[str, Any]] = None  # set once the replica drained: why, when and
                                   # the keys of this run it condemns (serve_apps/output_watch.py)
+    assistant_spans: Optional[list[list[int]]] = None  # asked for: [start, end) in
+                                  # prompt_token_ids of each assistant message of the prompt
 
     __reduce__ = _by_position
 

@@ -91,6 +91,13 @@ class JobConfig(StrictModel):
         "(key, sample 0..n-1) with its own seed (sent as sampling_seed, recorded per row), "
         "resumed, continued and exported on its own. 1 = one row per prompt, no seed sent. "
         "Raising it on a run adds the missing samples; a run started with 1 cannot change.")
+    regenerate: Literal["last_turn", "every_turn"] = Field(
+        "last_turn", description="last_turn: one reply per prompt, after its messages as "
+        "given. every_turn: every assistant turn of a conversation generated again, turn k "
+        "on the model's own turns 1..k-1 (tool results kept from the source), in rounds "
+        "(one turn of every conversation per round, each written as the row's next version); "
+        "a turn cut at the budget, or whose tool calls differ from the source's, ends its "
+        "conversation there (turn_stop). README 'Every-turn regeneration'.")
     limit: Optional[int] = Field(None, ge=1, description="Only the first N rows of each "
                                  "input file.")
     max_line_bytes: int = Field(
@@ -215,6 +222,12 @@ class RunConfig(StrictModel):
                 f"job.samples_per_prompt ({self.job.samples_per_prompt}) > 1 with "
                 f"job.sampling.temperature 0: greedy decoding gives every sample the same "
                 f"output; set a temperature > 0 or samples_per_prompt 1")
+        if self.job.regenerate == "every_turn" and self.job.samples_per_prompt > 1:
+            raise ValueError(
+                f"job.regenerate every_turn with job.samples_per_prompt "
+                f"{self.job.samples_per_prompt}: each sample would need its own conversation "
+                f"branch, which raygen does not build; use samples_per_prompt 1 (or "
+                f"regenerate last_turn for n samples of the last reply)")
         if self.job.sampling.max_thinking_tokens is not None:
             problem = thinking_budget_problem(self.engine)
             if problem:

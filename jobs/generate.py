@@ -114,14 +114,20 @@ def _leave_now(code: int) -> None:
 
 
 def follow_up(cfg, mode, summary, run_job, stop_exc):
-    """The session's summary, then regenerate sessions while drained replicas' condemned
-    rows remain (jobs/runs/regenerate.py)."""
+    """The session's summary, then (job.regenerate every_turn) the rounds of the open
+    conversations (jobs/runs/turn_rounds.py), then regenerate sessions while drained
+    replicas' condemned rows remain (jobs/runs/regenerate.py)."""
     from jobs.io.run_store import RunStore
-    from jobs.pipeline.settings import REGENERATE, RunMode
-    from jobs.runs import regenerate
+    from jobs.pipeline.settings import NEXT_TURN, REGENERATE, RunMode, StageSettings
+    from jobs.runs import regenerate, turn_rounds
     if mode.regenerates:
         summary.text += "\n" + regenerate.session_line(summary.progress)
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
+    if cfg.job.regenerate == "every_turn" and not (mode.continues or mode.regenerates):
+        summary = turn_rounds.rounds(
+            store, summary, StageSettings.of(cfg).settings_hash,
+            lambda: run_job(cfg, RunMode(NEXT_TURN), stop_exc=stop_exc))
+        return summary  # condemned rows: not regenerated in every-turn runs (plans.plan)
 
     def session():
         done = run_job(cfg, RunMode(REGENERATE), stop_exc=stop_exc)

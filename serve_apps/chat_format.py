@@ -5,6 +5,11 @@
   opens ``<think>``). SGLang and the simulator get the same text, so what the CPU
   tests cover is what a GPU run sends.
 - ``split_reasoning``: output text -> (reasoning, answer, answer_started).
+- ``assistant_spans``: where each assistant message lies in the rendered prompt
+  (job.regenerate every_turn: the export's loss mask); ``parse_tool_calls``: the
+  ``<tool_call>`` blocks a reply made, as the renderer writes them.
+  Earlier assistant turns are rendered from their content (and tool calls) only: their
+  ``reasoning_content`` is dropped, as Qwen3's template drops earlier turns' reasoning.
 A model whose template differs can use ``chat_template: model`` (the tokenizer's own
 template, loaded lazily on GPU nodes); the split stays here.
 """
@@ -12,6 +17,7 @@ template, loaded lazily on GPU nodes); the split stays here.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable, Optional
 
 from contract.thinking import THINK_END, THINK_START
@@ -55,18 +61,98 @@ def _message_text(msg: dict[str, Any]) -> str:
     return f"{IM_START}{role}\n{content}{IM_END}\n"
 
 
-def render_prompt(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None,
-                  thinking: bool = True) -> str:
-    """Chat messages -> prompt text ending in the assistant generation prompt."""
+def _pieces(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]],
+            thinking: bool) -> list[tuple[str, bool]]:
+    """The prompt text in pieces, each with whether it is an assistant message's."""
     msgs = list(messages)
     out = []
     if tools:
         system = msgs.pop(0)["content"] if msgs and msgs[0]["role"] == "system" else ""
-        out.append(f"{IM_START}system\n{system}{_tools_block(tools)}{IM_END}\n")
-    out.extend(_message_text(m) for m in msgs)
-    out.append(f"{IM_START}assistant\n")
-    out.append(f"{THINK_START}\n" if thinking else f"{THINK_START}\n\n{THINK_END}\n\n")
-    return "".join(out)
+        out.append((f"{IM_START}system\n{system}{_tools_block(tools)}{IM_END}\n", False))
+    out.extend((_message_text(m), m["role"] == "assistant") for m in msgs)
+    out.append((f"{IM_START}assistant\n", False))
+    out.append((f"{THINK_START}\n" if thinking else f"{THINK_START}\n\n{THINK_END}\n\n", False))
+    return out
+
+
+def render_prompt(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None,
+                  thinking: bool = True) -> str:
+    """Chat messages -> prompt text ending in the assistant generation prompt."""
+    return "".join(text for text, _ in _pieces(messages, tools, thinking))
+
+
+def assistant_spans(messages: list[dict[str, Any]],
+                    tools: Optional[list[dict[str, Any]]] = None) -> list[tuple[int, int]]:
+    """[start, end) in render_prompt(messages, tools) of each assistant message's part the
+    model writes: its content and tool calls through ``<|im_end|>`` (the header and the
+    newline after are the template's)."""
+    spans, at, head = [], 0, len(f"{IM_START}assistant\n")
+    for text, is_assistant in _pieces(messages, tools, True):
+        if is_assistant:
+            spans.append((at + head, at + len(text) - 1))
+        at += len(text)
+    return spans
+
+
+PROBES = ("\x00", "\x01")  # two, so a text that holds one still diverges at the other
+
+
+def _diverge(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def probed_assistant_spans(render: Callable[..., str]) -> Callable[..., list[tuple[int, int]]]:
+    """assistant_spans for a template raygen cannot read (chat_template: model): each
+    message's content (and reasoning, where the template keeps it) probed with a mark
+    before and after it; where the rendering diverges is where the text lies. Tool calls
+    the template writes after the content and its end-of-turn token are outside the span."""
+    def spans(messages: list[dict[str, Any]],
+              tools: Optional[list[dict[str, Any]]] = None) -> list[tuple[int, int]]:
+        full, out = render(messages, tools), []
+        for i, msg in enumerate(messages):
+            if msg.get("role") != "assistant":
+                continue
+            starts, ends = [], []
+            for field in ("content", "reasoning_content"):
+                if field == "reasoning_content" and not msg.get(field):
+                    continue
+                text = msg.get(field) or ""
+                at = [_diverge(full, render(_with(messages, i, field, p + text), tools))
+                      for p in PROBES]
+                to = [_diverge(full, render(_with(messages, i, field, text + p), tools))
+                      for p in PROBES]
+                if min(at) < len(full):  # the template renders this field
+                    starts.append(min(at))
+                    ends.append(min(to))
+            start = min(starts, default=len(full))
+            out.append((start, max(ends + [start])))
+        return out
+    return spans
+
+
+def _with(messages: list[dict[str, Any]], i: int, field: str, text: str) -> list[dict]:
+    return [dict(m, **{field: text}) if j == i else m for j, m in enumerate(messages)]
+
+
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """A reply's answer -> (its text without tool-call blocks, the calls as
+    {"name", "arguments"}). A block that is not a JSON object with a name is a call
+    named None (it never equals a source call)."""
+    calls = []
+    for body in TOOL_CALL_BLOCK.findall(text or ""):
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError:
+            call = None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            calls.append({"name": None, "arguments": body})
+            continue
+        calls.append({"name": call["name"], "arguments": call.get("arguments", {})})
+    return TOOL_CALL_BLOCK.sub("", text or "").strip(), calls
 
 
 def split_reasoning(text: str, think_end: str = THINK_END) -> tuple[str, str, bool]:

@@ -29,7 +29,8 @@ from contract.config import EngineConfig, parse_engine_config
 from contract.outcomes import EngineDead, ReplicaError
 from contract.protocol import GenerateRequest, GenerateResult
 from serve_apps import canary
-from serve_apps.chat_format import model_template_renderer, render_prompt
+from serve_apps.chat_format import (assistant_spans, model_template_renderer,
+                                    probed_assistant_spans, render_prompt)
 from serve_apps.engine_client import EngineClient, effective_running_cap
 from serve_apps.engine_clock import EngineClock
 from serve_apps.engine_process import start_engine
@@ -111,12 +112,14 @@ class EngineReplica:
         # None: idle time not published (outside Serve); the job reads it (engine_clock.py)
         self.clock = clock(_app_name(), self.replica_id, started_at, time.time()) if clock else None
         self.client = self.engine.client
-        render = (model_template_renderer(self.cfg.model_path)
-                  if self.cfg.chat_template == "model" else render_prompt)
+        model_template = self.cfg.chat_template == "model"
+        render = model_template_renderer(self.cfg.model_path) if model_template else render_prompt
         self.generator = Generator(self.client, self.cfg.context_length,
                                    self.cfg.think_end_token, self.replica_id,
                                    engine_alive=self.engine.is_alive, render=render,
-                                   reserved_tokens=self.cfg.reserved_tokens)
+                                   reserved_tokens=self.cfg.reserved_tokens,
+                                   spans=probed_assistant_spans(render) if model_template
+                                   else assistant_spans)
         self.metrics = ReplicaMetrics(self.cfg.model_name)
         self.watch = OutputWatch(cfg.drain_flagged_fraction, cfg.drain_window_rows,
                                  self.replica_id)

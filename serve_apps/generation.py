@@ -19,6 +19,13 @@ shrinks the budget and records ``budget_clamped_by="context_guard"``; ``reject``
 fails the row as ``context_overflow``. A prompt SGLang would refuse is always
 rejected as ``context_overflow`` (never sent, so never a bad_request). If the engine
 still enforces a smaller budget than we asked, ``budget_clamped_by="engine"`` records it.
+
+Assistant spans (``request.assistant_spans``, job.regenerate every_turn): where each
+assistant message of the prompt lies in its ids, for the export's loss mask. The
+renderer's character spans (chat_format.assistant_spans / probed_assistant_spans) become
+token positions by tokenizing the text before each boundary: the position is the length
+of the ids that prefix shares with the prompt's own (the prompt is tokenized whole, as
+always, so the ids sent do not depend on the spans).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Callable, Optional
 from contract import context_budget
 from contract.outcomes import ContextOverflow, EngineAborted, EngineDead, EngineError
 from contract.protocol import GenerateRequest, GenerateResult
-from serve_apps.chat_format import render_prompt, split_reasoning
+from serve_apps.chat_format import assistant_spans, render_prompt, split_reasoning
 from serve_apps.engine_client import THINKING_BUDGET, EngineClient, EngineOutput
 
 # Leave room for at least this many new tokens or reject: a 1-token "completion" is
@@ -40,7 +47,8 @@ MIN_USEFUL_BUDGET = 16
 class Generator:
     def __init__(self, client: EngineClient, context_length: int, think_end: str,
                  replica_id: str, engine_alive: Callable[[], bool],
-                 render: Callable[..., str] = render_prompt, reserved_tokens: int = 0):
+                 render: Callable[..., str] = render_prompt, reserved_tokens: int = 0,
+                 spans: Callable[..., list[tuple[int, int]]] = assistant_spans):
         self.client = client
         self.context_length = context_length
         self.reserved_tokens = reserved_tokens  # SGLang's speculative reserve (see context_budget)
@@ -48,6 +56,7 @@ class Generator:
         self.replica_id = replica_id
         self._engine_alive = engine_alive
         self._render = render
+        self._spans = spans  # the renderer's assistant spans (chat_format)
         self._think_end_ids: Optional[list[int]] = None  # tokenized once, for the fallback
 
     async def prompt_ids(self, request: GenerateRequest) -> list[int]:
@@ -92,12 +101,29 @@ class Generator:
                 text = await self.client.detokenize(output_ids)
             if out.reasoning_tokens is None and self._think_end_ids is None:
                 self._think_end_ids = await self.client.tokenize(self.think_end)
+            spans = (await self.token_spans(request, ids)
+                     if request.assistant_spans and request.messages else None)
         except EngineError as exc:
             if exc.retryable and not self._engine_alive():
                 raise EngineDead(f"engine process exited: {exc}") from exc
             return GenerateResult.failed(key, exc.error_class, str(exc), self.replica_id)
-        return self._result(key, prompt_ids, output_ids, out, budget, effective,
-                            time.perf_counter() - started, text)
+        result = self._result(key, prompt_ids, output_ids, out, budget, effective,
+                              time.perf_counter() - started, text)
+        result.assistant_spans = spans
+        return result
+
+    async def token_spans(self, request: GenerateRequest, ids: list[int]) -> list[list[int]]:
+        """[start, end) in ``ids`` of each assistant message of the request's prompt."""
+        text = self._render(request.messages, request.tools)
+        positions: dict[int, int] = {}
+        out = []
+        for span in self._spans(request.messages, request.tools):
+            for at in span:
+                if at not in positions:
+                    prefix = await self.client.tokenize(text[:at]) if at else []
+                    positions[at] = _shared(prefix, ids)
+            out.append([positions[span[0]], max(positions[span[1]], positions[span[0]])])
+        return out
 
     async def _continued_sampling(self, request: GenerateRequest, ids: list[int],
                                   sampling: dict) -> tuple[dict, bool]:
@@ -146,6 +172,12 @@ def check_finish(out: EngineOutput) -> None:
         raise EngineAborted(f"engine aborted the request after {out.completion_tokens} tokens")
     if out.finish_reason == "stop" and out.matched_stop == NAN_STOP:
         raise EngineAborted("engine produced NaN logits (finish matched 'NaN happened')")
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """How many leading ids a and b share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _contains(ids: list[int], part: list[int]) -> bool:

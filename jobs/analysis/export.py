@@ -12,11 +12,14 @@ each filter dropped). Formats, one record per kept row:
 
 - pretokenized: {"id", "input_ids": prompt ids + output ids, "loss_mask": 0 per prompt
   token, 1 per output token}; the ids the model sampled, nothing added (a truncated row
-  ends where the budget cut it). speculators' prepare_data and SpecForge's prompt
+  ends where the budget cut it). A row of job.regenerate every_turn also has 1 over each
+  earlier assistant turn in its prompt (the model's own, as its template renders them:
+  jobs/pipeline/turns.py loss_mask, spans from the replica). speculators' prepare_data and SpecForge's prompt
   files pass such rows through without re-tokenizing.
 - conversations: {"id", "conversations": [prompt turns..., {"role": "assistant",
   "content": answer, "reasoning_content": reasoning}], "tools"}: SpecForge's and
-  speculators' chat files.
+  speculators' chat files. An every_turn row: the source through its last regenerated
+  turn, every assistant turn the model's (turns.conversation).
 - messages: the same turns under "messages" (HF/TRL chat datasets).
 "tools" is the tools' JSON text, "[]" when none: both trainers parse it, and a column
 that is never null keeps one type in every shard (datasets.load_dataset("json") takes
@@ -64,6 +67,7 @@ from jobs.analysis import export_journal, extra_columns, template_check, token_y
 from jobs.analysis.finalize import FinalizeError, check_not_running, damage_note, pick_latest
 from jobs.analysis.template_check import TemplateCheck, TemplateCheckError, render_lines
 from jobs.io.run_index import read_latest
+from jobs.pipeline import turns as every_turn
 from contract.integrity import integrity_flags
 from jobs.io.run_store import RunStore
 from jobs.io.storage import Location, list_files, locate, write_bytes_atomic, write_json_atomic
@@ -164,7 +168,7 @@ def without_think_tags(text: Optional[str]) -> str:
 def pretokenized_record(row: dict[str, Any]) -> dict[str, Any]:
     prompt, output = row["prompt_token_ids"], row["output_token_ids"]
     return {"id": row["key"], "input_ids": prompt + output,
-            "loss_mask": [0] * len(prompt) + [1] * len(output)}
+            "loss_mask": every_turn.loss_mask(len(prompt), len(output), row.get("turns"))}
 
 
 def _joined_ids(column: pa.ChunkedArray) -> list[str]:
@@ -174,7 +178,12 @@ def _joined_ids(column: pa.ChunkedArray) -> list[str]:
 
 def pretokenized_lines(t: pa.Table) -> Iterator[bytes]:
     """JSONL lines byte-identical to json.dumps(pretokenized_record(row)), built from Arrow
-    text: JSON-encoding ~2,500 Python ints per row was most of the export's time."""
+    text: JSON-encoding ~2,500 Python ints per row was most of the export's time. Rows
+    with turns (job.regenerate every_turn) are encoded whole: their mask has spans."""
+    if "turns" in t.column_names and t["turns"].null_count < t.num_rows:
+        for row in t.select(["key", "prompt_token_ids", "output_token_ids", "turns"]).to_pylist():
+            yield (json.dumps(pretokenized_record(row), ensure_ascii=False) + "\n").encode()
+        return
     prompts, outputs = _joined_ids(t["prompt_token_ids"]), _joined_ids(t["output_token_ids"])
     n_prompt = pc.list_value_length(t["prompt_token_ids"]).to_pylist()
     n_output = pc.list_value_length(t["output_token_ids"]).to_pylist()
@@ -186,6 +195,12 @@ def pretokenized_lines(t: pa.Table) -> Iterator[bytes]:
 
 
 def chat_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
+    if row.get("turns"):  # job.regenerate every_turn: the model's own conversation
+        messages = every_turn.conversation(json.loads(row["messages"]), row["turns"])
+        last = messages[-1]
+        last.update(content=without_think_tags(last["content"]),
+                    reasoning_content=without_think_tags(last["reasoning_content"]))
+        return messages
     answer = {"role": "assistant", "content": without_think_tags(row["answer"]),
               "reasoning_content": without_think_tags(row["reasoning"])}
     return json.loads(row["messages"]) + [answer]
@@ -344,6 +359,7 @@ def read_columns(fmt: str, extras: tuple[str, ...], trainer_max_length: Optional
                  ) -> tuple[list[str], Optional[token_yield.YieldTally]]:
     """The data columns an export reads, and the --trainer-max-length tally."""
     columns = ["key"] + FILTER_COLUMNS + (TEXT_COLUMNS if fmt != "pretokenized" else [])
+    columns.append("turns")  # job.regenerate every_turn (null in other runs and older parts)
     columns += extra_columns.read_columns(extras, columns)
     yields, yield_columns = token_yield.export_tally(trainer_max_length, columns)
     return columns + yield_columns, yields

@@ -17,6 +17,20 @@ TIMESTAMP = pa.timestamp("ms", tz="UTC")
 ARROW_TYPES = {"string": pa.string(), "bool": pa.bool_(), "int32": pa.int32(),
                "int64": pa.int64(), "float64": pa.float64(), "token_ids": TOKEN_IDS}
 
+# One regenerated assistant turn (job.regenerate every_turn, jobs/pipeline/turns.py): what
+# the model wrote (reasoning, answer, tool calls as parsed, its sampled ids) and where the
+# turn lies in the row's prompt ids (span_start/span_end; null for the row's last turn,
+# which is the row's output).
+TURN = pa.struct([
+    ("reasoning", pa.string()), ("answer", pa.string()),
+    ("tool_calls", pa.string()),         # JSON [{"name", "arguments"}] the answer made; None = none
+    ("finished_thinking", pa.bool_()), ("finish_reason", pa.string()),
+    ("matched_stop", pa.string()), ("prompt_tokens", pa.int32()),
+    ("completion_tokens", pa.int32()), ("cached_tokens", pa.int32()),
+    ("output_token_ids", TOKEN_IDS), ("latency_s", pa.float64()), ("replica", pa.string()),
+    ("span_start", pa.int32()), ("span_end", pa.int32()),
+])
+
 # The replica's result columns (contract.protocol.RESULT_COLUMNS; README "Output schema"
 # documents each) sit between the row's identity and what the job adds.
 DATA = pa.schema([
@@ -41,6 +55,9 @@ DATA = pa.schema([
     ("max_thinking_tokens", pa.int32()),  # the row's thinking budget; None = none sent
     ("sample", pa.int32()),  # job.samples_per_prompt > 1: 0..n-1 (jobs/io/samples.py); else None
     ("seed", pa.int64()),    # the sample's sampling_seed sent to the engine; None = none sent
+    ("turns", pa.list_(TURN)),  # job.regenerate every_turn: the turns regenerated so far; else None
+    ("turn_stop", pa.string()),  # every_turn: why the conversation ended (complete | length |
+                                 # tool_calls_differ | error:<class>); None = more turns to go
 ])
 
 FAILURES = pa.schema([
@@ -65,7 +82,7 @@ KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 # Columns added after runs were first written: a part that predates one reads it as
 # nulls (jobs/io/run_store.py); any other missing column makes the part damaged.
 LATER_COLUMNS = frozenset({"prompt_hash", "reject_id", "integrity_flags", "max_thinking_tokens",
-                           "sample", "seed"})
+                           "sample", "seed", "turns", "turn_stop"})
 
 # What flows from the generate stage to the sink: every column of data/ and failures/
 # plus the row's destination (rejects never reach the stage: admission writes them).

@@ -4,7 +4,9 @@ Row contract: reads an admitted row (key, id, category, messages, tools, source,
 prompt_hash, and sample + seed with job.samples_per_prompt > 1; rejects never get here:
 the driver's admission pass writes them) or, in a
 continue or regenerate run (``StageSettings.continue_to`` / ``regenerate``), a data/ row
-(regenerated: its prompt sent again, written as its next version); outputs STAGE_OUTPUT rows
+(regenerated: its prompt sent again, written as its next version; with job.regenerate
+every_turn, the prompt is the conversation up to its next turn, jobs/pipeline/turns.py,
+and a round's row is written as its next version); outputs STAGE_OUTPUT rows
 whose ``_kind`` says where they go (data / failures).
 
 Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
@@ -33,7 +35,8 @@ from jobs.pipeline.integrity_metrics import IntegrityCounters
 from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
                                  error_text, is_replica_bug, replica_error_class)
 from jobs.pipeline.row_sender import RowSender
-from jobs.pipeline.rows import continued_row, data_row, failure_row, to_table
+from jobs.pipeline import turns
+from jobs.pipeline.rows import continued_row, data_row, failure_row, stopped_row, to_table
 from jobs.pipeline.settings import StageSettings
 from jobs.io.condemned import write_record
 from jobs.io.run_store import RunStore
@@ -70,7 +73,22 @@ class GenerateRows:
         else:
             request.messages = json.loads(row["messages"])
             request.tools = json.loads(row["tools"]) if row["tools"] else None
+            if stage.every_turn:  # the conversation up to its next turn, the model's own
+                earlier = row.get("turns") or []
+                request.messages = turns.prompt_messages(request.messages, earlier)
+                request.assistant_spans = bool(earlier)
         return request
+
+    def _data_row(self, row: dict[str, Any], result, attempt: int) -> dict[str, Any]:
+        if self.stage.continue_to:
+            return continued_row(row, result, self.stage, attempt)
+        out = data_row(row, result, self.stage, attempt)
+        if self.stage.regenerate or self.stage.next_turn:  # a new output of a key data/ holds
+            out["version"] = row["version"] + 1
+        if self.stage.every_turn:
+            out = turns.with_turn(out, row.get("turns") or [], result,
+                                  json.loads(row["messages"]))
+        return out
 
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
         request, attempt, retried, alone = self._request(row), 0, [], False
@@ -95,12 +113,7 @@ class GenerateRows:
                 self.breaker.record(False)
                 if result.drained:
                     await self._record_drain(result.drained)
-                if self.stage.continue_to:
-                    out = continued_row(row, result, self.stage, attempt)
-                else:
-                    out = data_row(row, result, self.stage, attempt)
-                    if self.stage.regenerate:  # a new output of a key data/ holds
-                        out["version"] = row["version"] + 1
+                out = self._data_row(row, result, attempt)
                 self.integrity.record(result.replica, out["integrity_flags"])
                 return dict(out, retry_classes=retried)
             if retryable and attempt < self.retries.max_attempts:
@@ -108,7 +121,10 @@ class GenerateRows:
                 await asyncio.sleep(backoff_s(attempt, self.retries.backoff_initial_s,
                                               self.retries.backoff_max_s))
                 continue
-            out = failure_row(row, error_class, message, attempt, self.stage, replica)
+            if self.stage.next_turn and not retryable:  # the conversation ends here
+                out = stopped_row(row, error_class, attempt)
+            else:
+                out = failure_row(row, error_class, message, attempt, self.stage, replica)
             self._judge(error_class, message)
             return dict(out, retry_classes=retried)
 

@@ -79,7 +79,7 @@ def continued_row(base: dict[str, Any], result: GenerateResult, stage: StageSett
 def failure_row(row: dict[str, Any], error_class: str, message: str, attempts: int,
                 stage: StageSettings, replica: Optional[str] = None) -> dict:
     retryable = route(error_class).retryable
-    if stage.continue_to:  # the row stays in data/ (truncated); record why it stays so
+    if stage.continue_to or getattr(stage, "next_turn", False):  # the row stays in data/: say why
         error_class = f"continuation:{error_class}"
     return {"_kind": "failures", "key": row["key"], "id": row["id"],
             "category": row["category"], "messages": row["messages"], "tools": row["tools"],
@@ -87,6 +87,15 @@ def failure_row(row: dict[str, Any], error_class: str, message: str, attempts: i
             "error_message": message[:2000], "retryable": retryable,
             "attempts": attempts, "replica": replica, "settings_hash": stage.settings_hash,
             "failed_at": now(), "sample": row.get("sample")}
+
+
+def stopped_row(base: dict[str, Any], error_class: str, attempts: int) -> dict[str, Any]:
+    """job.regenerate every_turn: a round's permanent failure ends the conversation with
+    the turns it has: the row again, as its next version, saying why (turn_stop)."""
+    out = {k: v for k, v in base.items() if not k.startswith("__")}
+    out.update(_kind="data", version=base["version"] + 1, turn_stop=f"error:{error_class}",
+               attempts=attempts, created_at=now())
+    return out
 
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:

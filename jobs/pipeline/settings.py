@@ -28,8 +28,8 @@ def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chat
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def output_settings(engine: Any, context_policy: str,
-                    samples_per_prompt: int = 1) -> dict[str, Any]:
+def output_settings(engine: Any, context_policy: str, samples_per_prompt: int = 1,
+                    regenerate: str = "last_turn") -> dict[str, Any]:
     """The settings besides sampling that change what a prompt's row holds: which model
     and name, how the prompt is rendered, how the output is split into reasoning and
     answer, the engine's own arguments, and what happens when the context is short.
@@ -37,7 +37,9 @@ def output_settings(engine: Any, context_policy: str,
     decoding, which verifies drafts against the model) and timeouts. With
     samples_per_prompt > 1 the rows are seeded (jobs/io/samples.py): the seed scheme is
     in, not the count (a sample's output does not depend on n, so raising n adds samples
-    under the same hash); with 1 nothing is added, so no existing hash changes."""
+    under the same hash); with 1 nothing is added, so no existing hash changes. So for
+    job.regenerate: every_turn is in (its rows' prompts hold the model's own turns),
+    last_turn adds nothing."""
     out = {"kind": engine.kind, "model_path": engine.model_path,
            "served_model_name": engine.model_name, "chat_template": engine.chat_template,
            "reasoning_parser": engine.reasoning_parser,
@@ -46,11 +48,14 @@ def output_settings(engine: Any, context_policy: str,
            "context_policy": context_policy}
     if samples_per_prompt > 1:
         out["sample_seeds"] = SEED_SCHEME
+    if regenerate != "last_turn":
+        out["regenerate"] = regenerate
     return out
 
 
 FRESH, RETRY_FAILED, CONTINUE, PILOT = "fresh", "retry-failed", "continue", "pilot"
 REGENERATE = "regenerate"  # rows drained replicas condemned (+ flagged ones): new versions
+NEXT_TURN = "next-turn"  # job.regenerate every_turn: the next turn of every open conversation
 CALL_TIMEOUT_MARGIN_S = 60.0
 
 
@@ -59,6 +64,7 @@ class RunMode:
     """Which rows a session sends: chosen once, from the CLI flags (:meth:`of_flags`)."""
 
     kind: str = FRESH                  # fresh | retry-failed | continue | pilot | regenerate
+                                       # | next-turn (a round of job.regenerate every_turn)
     retry_failed: bool = False         # also send the keys in failures/ (not for continue)
     continue_to: Optional[int] = None  # continue: the new total output budget per row
     pilot_rows: Optional[int] = None   # pilot: ~N prompts stratified by category
@@ -88,6 +94,10 @@ class RunMode:
     def regenerates(self) -> bool:
         return self.kind == REGENERATE
 
+    @property
+    def next_turn(self) -> bool:
+        return self.kind == NEXT_TURN
+
 
 @dataclass(frozen=True)
 class StageSettings:
@@ -114,6 +124,8 @@ class StageSettings:
     app_name: str = ""            # for that message
     samples_per_prompt: int = 1   # job.samples_per_prompt: rows per prompt (jobs/io/samples.py)
     single_sample_hash: str = ""  # with n > 1: the hash these settings have at n = 1
+    every_turn: bool = False      # job.regenerate every_turn: rows carry turns (jobs/pipeline/turns.py)
+    next_turn: bool = False       # a round: rows are data/ rows whose next turn is generated
 
     @property
     def max_thinking_tokens(self) -> Optional[int]:
@@ -130,7 +142,7 @@ class StageSettings:
             settings_hash=settings_hash(cfg.engine.model_name, sampling,
                                         output_settings=output_settings(
                                             cfg.engine, job.context_policy,
-                                            job.samples_per_prompt)),
+                                            job.samples_per_prompt, job.regenerate)),
             legacy_settings_hash=settings_hash(cfg.engine.model_name, sampling),
             inflight_rows_per_actor=job.inflight_rows_per_actor,
             rows_per_call=job.rows_per_call, call_linger_s=job.call_linger_s,
@@ -146,4 +158,5 @@ class StageSettings:
             single_sample_hash=settings_hash(cfg.engine.model_name, sampling,
                                              output_settings=output_settings(
                                                  cfg.engine, job.context_policy))
-            if job.samples_per_prompt > 1 else "")
+            if job.samples_per_prompt > 1 else "",
+            every_turn=job.regenerate == "every_turn", next_turn=mode.next_turn)

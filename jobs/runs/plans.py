@@ -11,6 +11,8 @@ is up). The mode itself is chosen once, from the CLI flags (``RunMode.of_flags``
 - continue: the truncated rows of data/ (jobs/runs/continuation.py), token-exactly.
 - regenerate: the rows drained replicas condemned, with --regenerate-flagged also the
   flagged ones, sent again and written as new versions (jobs/runs/regenerate.py).
+- next-turn (job.regenerate every_turn): the next turn of every open conversation,
+  written as its row's next version (jobs/runs/turn_rounds.py).
 
 What the run already holds comes from one place, its run index (jobs/io/run_index.py),
 read once under the run's lease. ``dry_run`` says what a session would send, without
@@ -37,7 +39,7 @@ from jobs.pipeline import admission_cache, chain as pipeline
 from jobs.pipeline.admission import (Admission, PrefixChanged, admit_inputs, describe_changes,
                                      reject_writer)
 from jobs.pipeline.settings import RunMode, StageSettings
-from jobs.runs import continuation, regenerate
+from jobs.runs import continuation, regenerate, turn_rounds
 from jobs.runs.errors import RunError
 from jobs.runs.preflight import RejectTally, plan_text, reject_problem
 from jobs.runs.progress import InputCounts, ProgressTracker
@@ -64,11 +66,33 @@ def input_locations(cfg: RunConfig) -> list[Location]:
 
 def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
          mode: RunMode, stage: StageSettings) -> Plan:
+    if stage.every_turn and (mode.continues or mode.regenerates):
+        raise RunError(
+            f"run {stage.run!r} regenerates every turn (job.regenerate every_turn): "
+            f"{'--continue-truncated' if mode.continues else 'regenerating condemned or flagged rows'}"
+            f" is not supported there (a conversation's later turns depend on the row's "
+            f"turns; a turn cut at the budget ends its conversation, turn_stop 'length'). "
+            f"Give the run a larger job.max_new_tokens in a new job.run_name.")
     if mode.continues:
         return continue_plan(cfg, store, inputs, index, mode, stage)
     if mode.regenerates:
         return regenerate_plan(cfg, store, inputs, index, mode, stage)
+    if mode.next_turn:
+        return next_turn_plan(cfg, store, inputs, index, stage)
     return admission_plan(cfg, store, inputs, index, mode, stage)
+
+
+def next_turn_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
+                   stage: StageSettings) -> Plan:
+    """A round of every-turn regeneration: the next turn of each open conversation."""
+    if not stage.every_turn:
+        raise RunError("a next-turn session needs job.regenerate every_turn")
+    check_settings(index, stage.settings_hash, stage.max_new_tokens, stage.run,
+                   stage.legacy_settings_hash)
+    rows = turn_rounds.open_rows(store, index, stage.settings_hash)
+    logger.info("next turn of %d open conversations", sum(len(r) for r in rows.values()))
+    return Plan(input_total(store, inputs, cfg.job.limit), expect_all=False,
+                build=lambda: continuation.build(cfg, store, rows, stage))
 
 
 def continue_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,

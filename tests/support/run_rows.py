@@ -32,6 +32,7 @@ def make_row(key: str, version: int = 0, **over: Any) -> dict[str, Any]:
         "sampling": "{}", "settings_hash": "h1",
         "created_at": T0 + dt.timedelta(seconds=version), "prompt_hash": None,
         "integrity_flags": [], "max_thinking_tokens": None, "sample": None, "seed": None,
+        "turns": None, "turn_stop": None,
     }
     assert set(row) | set(over) == set(DATA.names), set(over) - set(DATA.names)
     row.update(over)
