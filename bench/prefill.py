@@ -27,7 +27,7 @@ from bench.prompts import cached_jsonl
 from jobs.config import RunConfig, StorageConfig
 from jobs.io import index_compact, part_summary
 from jobs.io.run_store import RunStore
-from jobs.io.schema import DATA, TIMESTAMP
+from jobs.io.schema import DATA, TIMESTAMP, TURN
 from jobs.io.storage import list_files, locate, read_bytes
 from jobs.io.run_index import RunIndex, row_ids
 from jobs.pipeline.validate import canonical_json, prompt_key
@@ -90,6 +90,7 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
         "integrity_flags": same([], pa.list_(pa.string())),
         "max_thinking_tokens": same(None, pa.int32()),
         "sample": same(None, pa.int32()), "seed": same(None, pa.int64()),
+        "turns": same(None, pa.list_(TURN)), "turn_stop": same(None, pa.string()),
     }
     return pa.table([cols[f.name] for f in DATA], names=DATA.names).cast(DATA)  # schema order
 
