@@ -88,3 +88,19 @@ def test_the_replica_returns_token_spans_of_every_assistant_turn_when_asked():
     assert [tk.decode(ids[s:e], skip_special_tokens=False) for s, e in asked.assistant_spans
             ] == [b + IM_END for b in BODIES]
     assert plain.assistant_spans is None  # not asked: no extra tokenize calls
+
+
+def test_probed_spans_of_a_model_template_that_keeps_reasoning(tmp_path):
+    from serve_apps.chat_format import model_template_renderer
+    from tests.support.trainer_templates import QWEN3, tokenizer_dir
+    render = model_template_renderer(str(tokenizer_dir(tmp_path / "qwen3", QWEN3)))
+    messages = [{"role": "user", "content": "Why?"},
+                {"role": "assistant", "content": "Because.", "reasoning_content": "hm"},
+                {"role": "user", "content": "Sure?"}]
+    text = render(messages)
+    (start, end), = probed_assistant_spans(render)(messages)
+    assert text[start:end] == "hm\n</think>\n\nBecause."  # the reasoning it keeps, too
+    plain = [dict(m, reasoning_content="") if m["role"] == "assistant" else m
+             for m in messages]
+    (start, end), = probed_assistant_spans(render)(plain)
+    assert render(plain)[start:end] == "Because."
