@@ -12,10 +12,10 @@ each filter dropped). Formats, one record per kept row:
 
 - pretokenized: {"id", "input_ids": prompt ids + output ids, "loss_mask": 0 per prompt
   token, 1 per output token}; the ids the model sampled, nothing added (a truncated row
-  ends where the budget cut it). A row of job.regenerate every_turn also has 1 over each
-  earlier assistant turn in its prompt (the model's own, as its template renders them:
-  jobs/pipeline/turns.py loss_mask, spans from the replica). speculators' prepare_data and SpecForge's prompt
-  files pass such rows through without re-tokenizing.
+  ends where the budget cut it). speculators' prepare_data and SpecForge's prompt
+  files pass such rows through without re-tokenizing. A row of job.regenerate
+  every_turn also has 1 over each earlier assistant turn in its prompt (the model's own,
+  as its template renders them: jobs/pipeline/turns.py loss_mask, spans from the replica).
 - conversations: {"id", "conversations": [prompt turns..., {"role": "assistant",
   "content": answer, "reasoning_content": reasoning}], "tools"}: SpecForge's and
   speculators' chat files. An every_turn row: the source through its last regenerated

@@ -67,10 +67,11 @@ def input_locations(cfg: RunConfig) -> list[Location]:
 def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
          mode: RunMode, stage: StageSettings) -> Plan:
     if stage.every_turn and (mode.continues or mode.regenerates):
+        what = ("--continue-truncated" if mode.continues
+                else "regenerating condemned or flagged rows")
         raise RunError(
             f"run {stage.run!r} regenerates every turn (job.regenerate every_turn): "
-            f"{'--continue-truncated' if mode.continues else 'regenerating condemned or flagged rows'}"
-            f" is not supported there (a conversation's later turns depend on the row's "
+            f"{what} is not supported there (a conversation's later turns depend on the row's "
             f"turns; a turn cut at the budget ends its conversation, turn_stop 'length'). "
             f"Give the run a larger job.max_new_tokens in a new job.run_name.")
     if mode.continues:

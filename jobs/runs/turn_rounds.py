@@ -15,6 +15,7 @@ turn is written once. Rounds stop when none is open, or when a round wrote nothi
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any, Callable
 
@@ -29,16 +30,21 @@ logger = logging.getLogger("raygen")
 MAX_ROUNDS = 10_000  # a guard, never reached: every round ends or advances each conversation
 
 
+def _latest(store: RunStore, index: RunIndex):
+    """(path, row positions, their turn_stop / settings_hash / turns columns) per part
+    holding latest rows."""
+    for path, rows in index.winners_by_part().items():
+        t = store.read_part(path, ["turn_stop", "settings_hash", "turns"])
+        if t.num_rows:  # else quarantined since the index read its sidecar: not done
+            yield path, rows, t.take(pa.array(rows))
+
+
 def open_rows(store: RunStore, index: RunIndex, settings_hash: str) -> dict[str, list[int]]:
     """data part path -> positions of the latest rows whose conversation goes on. Reads
     the turn_stop and settings_hash columns of the parts holding latest rows."""
     found: dict[str, list[int]] = {}
     others = 0
-    for path, rows in index.winners_by_part().items():
-        t = store.read_part(path, ["turn_stop", "settings_hash", "turns"])
-        if not t.num_rows:  # quarantined since the index read its sidecar: not done
-            continue
-        t = t.take(pa.array(rows))
+    for path, rows, t in _latest(store, index):
         going = pc.and_(pc.is_null(t["turn_stop"]), pc.is_valid(t["turns"])).to_pylist()
         hashes = t["settings_hash"].to_pylist()
         picked = [int(r) for r, ok in zip(rows, going) if ok]
@@ -50,6 +56,20 @@ def open_rows(store: RunStore, index: RunIndex, settings_hash: str) -> dict[str,
                        f"this config ({settings_hash}); finish them with the config that "
                        f"made them.")
     return found
+
+
+def stop_counts(store: RunStore, index: RunIndex) -> collections.Counter:
+    """turn_stop -> conversations whose latest row ended so (None: still open)."""
+    counts: collections.Counter = collections.Counter()
+    for _, _, t in _latest(store, index):
+        counts.update(t["turn_stop"].to_pylist())
+    return counts
+
+
+def stops_line(counts: collections.Counter) -> str:
+    mix = ", ".join(f"{n} {stop or 'open'}" for stop, n in
+                    sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] is None, str(kv[0]))))
+    return f"  every turn: conversations {mix or 'none'}"
 
 
 def pending(store: RunStore, settings_hash: str) -> int:
@@ -74,5 +94,7 @@ def rounds(store: RunStore, summary, settings_hash: str, session: Callable[[], A
             text += ("\n  every open conversation failed this round: rerun the same "
                      "command to retry them")
             break
+    if summary.status == "succeeded":
+        text += "\n" + stops_line(stop_counts(store, RunIndex.open(store)))
     summary.text = text
     return summary

@@ -107,6 +107,7 @@ def test_every_turn_killed_mid_round_resumes_exactly_and_exports_every_turn(
     killed_with = read(tree, "data")
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "next turn: " in resumed.stdout and "every turn: conversations " in resumed.stdout
     said = (f"killed with {len(killed_with)} rows durable, "
             f"{int((killed_with['version'] > 0).sum())} of later rounds; resumed:\n"
             f"{resumed.stdout}")

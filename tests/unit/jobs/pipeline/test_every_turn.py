@@ -225,6 +225,10 @@ def test_a_round_sends_exactly_the_latest_rows_whose_conversation_goes_on(tmp_pa
     got = store.read_part(path).take(pa.array([r])).to_pylist()[0]
     assert (got["key"], got["version"]) == ("open", 1)
     assert turn_rounds.pending(store, stage.settings_hash) == 1
+    counts = turn_rounds.stop_counts(store, RunIndex.open(store))
+    assert counts == {None: 1, "complete": 1, "length": 1}  # each key's latest row once
+    assert turn_rounds.stops_line(counts) == (
+        "  every turn: conversations 1 complete, 1 length, 1 open")
     with pytest.raises(RunError, match="1 open conversations were generated with other "
                                        "settings"):
         turn_rounds.open_rows(store, RunIndex.open(store), "other")
