@@ -36,17 +36,23 @@ def _tools_block(tools: list[dict[str, Any]]) -> str:
     )
 
 
+def normalized_call(call: dict[str, Any]) -> dict[str, Any]:
+    """{"name", "arguments"} of a tool call in OpenAI's shape or already flat (arguments
+    parsed when they are a JSON string, as OpenAI sends them)."""
+    fn = call.get("function", call)
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            pass
+    return {"name": fn.get("name"), "arguments": args}
+
+
 def _tool_calls_text(calls: list[dict[str, Any]]) -> str:
     parts = []
     for call in calls:
-        fn = call.get("function", call)
-        args = fn.get("arguments", {})
-        if isinstance(args, str):  # OpenAI sends arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                pass
-        body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+        body = json.dumps(normalized_call(call), ensure_ascii=False)
         parts.append(f"<tool_call>\n{body}\n</tool_call>")
     return "\n".join(parts)
 

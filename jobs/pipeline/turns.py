@@ -28,7 +28,7 @@ import json
 from typing import Any, Optional
 
 from contract.protocol import GenerateResult
-from serve_apps.chat_format import parse_tool_calls
+from serve_apps.chat_format import normalized_call, parse_tool_calls
 
 COMPLETE, LENGTH, TOOL_CALLS_DIFFER = "complete", "length", "tool_calls_differ"
 ERROR = "error:"  # + the error class of a round's permanent failure
@@ -79,17 +79,7 @@ def conversation(source: list[dict[str, Any]],
 
 
 def _calls(tool_calls: Optional[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    out = []
-    for call in tool_calls or ():
-        fn = call.get("function", call)
-        args = fn.get("arguments", {})
-        if isinstance(args, str):  # OpenAI sends arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                pass
-        out.append({"name": fn.get("name"), "arguments": args})
-    return out
+    return [normalized_call(call) for call in tool_calls or ()]
 
 
 def same_calls(source_calls: Optional[list[dict[str, Any]]],
