@@ -18,6 +18,13 @@ from cluster.local_stack import create_bucket, start_s3
 from serve_apps.engine_process import free_port
 from tests.integration.helpers import BUCKET
 
+# The warm start (jobs/pipeline/warmup.py) holds 3 x LIGHT_TASKS workers importing the
+# pipeline in every session: on this 2-core box several CPU-seconds a session, taken from
+# the engines and the other xdist worker. Off for the suite (drivers started as
+# subprocesses inherit it); test_job_e2e runs its session with it on, as a user's runs
+# are, and test_warmup tests the mechanism itself.
+os.environ.setdefault("RAYGEN_WARM_START", "0")
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 
 import boto3
 import pandas as pd
@@ -42,7 +43,15 @@ def e2e_run(ray_cluster, s3_endpoint, tmp_path_factory):
         str(local), BUCKET, "inputs/e2e.jsonl")
     tree = run_config(tmp_path, s3_endpoint, rows_file=f"s3://{BUCKET}/inputs/e2e.jsonl",
                       run_name="e2e")
-    summary = run_job(parse_config(tree), RunMode(), stop_exc=_Never)
+    before = os.environ.get("RAYGEN_WARM_START")
+    os.environ["RAYGEN_WARM_START"] = "1"  # the default a user runs with (off for the suite)
+    try:
+        summary = run_job(parse_config(tree), RunMode(), stop_exc=_Never)
+    finally:
+        if before is None:
+            os.environ.pop("RAYGEN_WARM_START", None)
+        else:
+            os.environ["RAYGEN_WARM_START"] = before
     return tree, summary
 
 
