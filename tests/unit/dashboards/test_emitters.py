@@ -7,6 +7,7 @@ import pytest
 from dashboards import metrics_catalog as mc
 from jobs.pipeline.category_cap import OTHER_CATEGORY, CategoryCap
 from jobs.runs.job_metrics import dashboard_url
+from tests.support.fake_gauges import record_gauges
 
 
 def test_category_cap_keeps_the_first_n_and_maps_the_rest_to_other():
@@ -34,18 +35,6 @@ def test_dashboard_uid_matches_the_generated_dashboard():
     assert DASHBOARD_UID == json.loads(DASHBOARD_JSON.read_text())["uid"] == "raygen-run"
 
 
-class _Gauge:
-    made: dict = {}
-
-    def __init__(self, name, description="", tag_keys=()):
-        self.name, self.tag_keys, self.values = name, tuple(tag_keys), {}
-        _Gauge.made[name] = self
-
-    def set(self, value, tags):
-        assert set(tags) == set(self.tag_keys), (tags, self.tag_keys)
-        self.values[tuple(sorted(tags.items()))] = value
-
-
 ENGINE_TEXT = """\
 # TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m"} 3.0
@@ -64,11 +53,10 @@ process_cpu_seconds_total 9.0
 def test_engine_relay_forwards_every_sglang_sample_under_its_relay_name(monkeypatch):
     from serve_apps import replica_metrics
 
-    monkeypatch.setattr(replica_metrics.metrics, "Gauge", _Gauge)
-    _Gauge.made = {}
+    made = record_gauges(monkeypatch, replica_metrics.metrics)
     relay = replica_metrics.EngineRelay()
     assert relay.relay(ENGINE_TEXT) == 6  # not the non-SGLang process metric
-    g = {name: gauge for name, gauge in _Gauge.made.items() if name.startswith(mc.RELAY_PREFIX)}
+    g = {name: gauge for name, gauge in made.items() if name.startswith(mc.RELAY_PREFIX)}
     assert set(g) == {mc.relay_name(n) for n in (
         "sglang:num_running_reqs", "sglang:generation_tokens_total", "sglang:time_to_first_token_seconds_bucket",
         "sglang:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_count")}
@@ -80,7 +68,7 @@ def test_engine_relay_forwards_every_sglang_sample_under_its_relay_name(monkeypa
     assert relay.relay('sglang:num_running_reqs{model_name="m",tp_rank="0"} 1.0\n') == 0
     assert relay.relay('sglang:num_running_reqs{model_name="m"} 4.0\n') == 1
     assert g["relay_sglang_num_running_reqs"].values == {(("model_name", "m"),): 4.0}
-    assert _Gauge.made["sglang_num_running_reqs"].values == {(("model_name", "m"),): 4.0}
+    assert made["sglang_num_running_reqs"].values == {(("model_name", "m"),): 4.0}
 
 
 def test_new_config_keys_are_validated_with_a_clear_error():

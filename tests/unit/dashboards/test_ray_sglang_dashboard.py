@@ -9,6 +9,7 @@ import re
 
 from dashboards import metrics_catalog as mc
 from tests.support import ray_dashboards as rd
+from tests.support.fake_gauges import record_gauges
 
 def _scraped(ray_metric: str) -> str:
     """The name Prometheus stores for a Ray metric: ray_ + name, then the repo's rename
@@ -37,17 +38,6 @@ def _exposition(names: set[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class _Gauge:
-    made: dict = {}
-
-    def __init__(self, name, description="", tag_keys=()):
-        self.name, self.tag_keys, self.values = name, tuple(tag_keys), {}
-        _Gauge.made[name] = self
-
-    def set(self, value, tags):
-        self.values[tuple(sorted(tags.items()))] = value
-
-
 def test_catalog_copies_exactly_the_families_rays_sglang_dashboard_reads():
     names = rd.ray_names(rd.sglang_dashboard())
     # Throughput, latency, cache, request length and scheduler rows, and the model variable.
@@ -60,14 +50,13 @@ def test_catalog_copies_exactly_the_families_rays_sglang_dashboard_reads():
 def test_a_relayed_engine_page_is_scraped_under_rays_names_and_sglangs(monkeypatch):
     from serve_apps import replica_metrics
 
-    monkeypatch.setattr(replica_metrics.metrics, "Gauge", _Gauge)
-    _Gauge.made = {}
+    made = record_gauges(monkeypatch, replica_metrics.metrics)
     names = rd.ray_names(rd.sglang_dashboard())
     text = _exposition(names)
     relay = replica_metrics.EngineRelay()
     samples = [line for line in text.splitlines() if line.startswith(mc.SGLANG_PREFIX)]
     assert relay.relay(text) == len(samples)
-    scraped = {_scraped(name): gauge for name, gauge in _Gauge.made.items()}
+    scraped = {_scraped(name): gauge for name, gauge in made.items()}
     # Every name Ray's dashboard reads, with the engine's labels and value.
     assert names <= set(scraped), sorted(names - set(scraped))
     assert scraped["ray_sglang_prompt_tokens_total"].values == {(("model_name", "m"),): 7.0}
