@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
-
 from contract.protocol import GenerateRequest
 from contract.simulator_settings import SimulatorSettings
 from serve_apps.chat_format import (IM_END, assistant_spans, parse_tool_calls,
                                     probed_assistant_spans, render_prompt)
-from serve_apps.engine_client import EngineClient
 from serve_apps.engines.simulator import tokenizer as tk
-from serve_apps.engines.simulator.server import build_app
-from serve_apps.generation import Generator
+from tests.support.sim_generator import simulator_generator
 
 TOOLS = [{"type": "function", "function": {"name": "search_docs", "parameters": {}}}]
 CALL = {"id": "c1", "type": "function",
@@ -64,13 +60,7 @@ def test_the_replica_returns_token_spans_of_every_assistant_turn_when_asked():
     settings = SimulatorSettings(context_length=4096, time_scale=0.0, accept_length=0.0)
 
     async def go():
-        runner = web.AppRunner(build_app(settings))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        client = EngineClient(f"http://127.0.0.1:{runner.addresses[0][1]}", 30)
-        try:
-            gen = Generator(client, settings.context_length, "</think>", "r0", lambda: True)
+        async with simulator_generator(settings) as gen:
             asked = await gen.generate(GenerateRequest(
                 key="k", run="r", category="c", max_new_tokens=8, sampling={},
                 messages=MESSAGES, tools=TOOLS, assistant_spans=True))
@@ -78,9 +68,6 @@ def test_the_replica_returns_token_spans_of_every_assistant_turn_when_asked():
                 key="k", run="r", category="c", max_new_tokens=8, sampling={},
                 messages=MESSAGES, tools=TOOLS))
             return asked, plain
-        finally:
-            await client.close()
-            await runner.cleanup()
     asked, plain = asyncio.run(go())
     assert asked.error_class is None, asked.error_message
     ids = asked.prompt_token_ids

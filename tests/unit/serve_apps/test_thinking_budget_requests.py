@@ -11,11 +11,10 @@ from aiohttp import web
 
 from contract.protocol import GenerateRequest
 from contract.simulator_settings import SimulatorSettings
-from serve_apps.engine_client import EngineClient, generate_body
+from serve_apps.engine_client import generate_body
 from serve_apps.engines.simulator import tokenizer as tk
-from serve_apps.engines.simulator.server import build_app
-from serve_apps.generation import Generator
 from tests.support import sglang_cpu
+from tests.support.sim_generator import simulator_generator
 
 SETTINGS = SimulatorSettings(context_length=256, time_scale=0.0, accept_length=0.0,
                              length_median_tokens=30.0, enable_strict_thinking=True)
@@ -41,19 +40,8 @@ def _run(calls, settings: SimulatorSettings = SETTINGS):
         return await handler(request)
 
     async def go():
-        app = build_app(settings)
-        app.middlewares.insert(0, record)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        client = EngineClient(f"http://127.0.0.1:{runner.addresses[0][1]}", 30)
-        try:
-            gen = Generator(client, settings.context_length, "</think>", "r0", lambda: True)
+        async with simulator_generator(settings, [record]) as gen:
             return await calls(gen, sent)
-        finally:
-            await client.close()
-            await runner.cleanup()
     return asyncio.run(go())
 
 
