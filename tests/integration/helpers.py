@@ -4,6 +4,7 @@ in-process, read a run back, reach the engines behind a Serve app."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 import uuid
@@ -120,6 +121,12 @@ def read(tree: dict, kind: str) -> pd.DataFrame:
 def write_yaml(path, tree: dict):
     path.write_text(yaml.safe_dump(tree))
     return path
+
+
+def generate_cmd(path, tree: dict) -> list[str]:
+    """`python -m jobs.generate --config PATH` for the config ``tree`` (written to PATH):
+    a driver of its own, for tests that kill one."""
+    return [sys.executable, "-m", "jobs.generate", "--config", str(write_yaml(path, tree))]
 
 
 def deploy(tree: dict) -> None:

@@ -13,7 +13,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 
 import pytest
 
@@ -21,7 +20,7 @@ from jobs import cli, demo_prompts
 from jobs.pipeline import turns
 from serve_apps.chat_format import IM_END, render_prompt
 from serve_apps.engines.simulator import tokenizer as tk
-from tests.integration.helpers import read, run_config, store_of, write_yaml
+from tests.integration.helpers import generate_cmd, read, run_config, store_of
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -91,8 +90,7 @@ def test_every_turn_killed_mid_round_resumes_exactly_and_exports_every_turn(
                            "rows_per_file": 2, "batch_size": 2,
                            "inflight_rows_per_actor": 4})
     store = store_of(tree)
-    cmd = [sys.executable, "-m", "jobs.generate", "--config",
-           str(write_yaml(tmp_path / "every.yaml", tree))]
+    cmd = generate_cmd(tmp_path / "every.yaml", tree)
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def later_rounds() -> int:

@@ -16,8 +16,8 @@ import pytest
 
 from jobs.runs.run import RunError
 from tests.integration.helpers import SLOW_APP, SLOW_ENGINE, run_config, write_prompts
-from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
-                                       run_with_faults, set_faults, store_of, write_yaml)
+from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, generate_cmd, read,
+                                       run, run_with_faults, set_faults, store_of, write_yaml)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -55,8 +55,7 @@ def test_sigkill_at_random_points_then_resume(ray_cluster, s3_endpoint, tmp_path
                           run_name=f"kill-{trial}-{os.getpid()}",
                           job={"rows_per_file": 16, "batch_size": 8})
         store = store_of(tree)
-        cmd = [sys.executable, "-m", "jobs.generate", "--config",
-               str(write_yaml(tmp_path / f"kill{trial}.yaml", tree))]
+        cmd = generate_cmd(tmp_path / f"kill{trial}.yaml", tree)
         first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: reached(store) or first.poll() is not None, 180, phase)
         try:

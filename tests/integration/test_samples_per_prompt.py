@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 
 import pandas as pd
 import pyarrow as pa
@@ -19,7 +18,8 @@ import pytest
 from jobs import cli
 from jobs.analysis.finalize import finalize
 from jobs.io.samples import sample_seed
-from tests.integration.helpers import read, run, run_config, store_of, write_prompts, write_yaml
+from tests.integration.helpers import (generate_cmd, read, run, run_config, store_of,
+                                       write_prompts)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -53,8 +53,7 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
                       job={"samples_per_prompt": SAMPLES, "rows_per_file": 16,
                            "batch_size": 8})
     store = store_of(tree)
-    cmd = [sys.executable, "-m", "jobs.generate", "--config",
-           str(write_yaml(tmp_path / "samples.yaml", tree))]
+    cmd = generate_cmd(tmp_path / "samples.yaml", tree)
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def durable() -> int:
