@@ -47,8 +47,11 @@ def test_a_replica_returning_broken_outputs_is_flagged_drained_and_its_rows_rege
     flags = {r: [list(f) for f in g["integrity_flags"]] for r, g in by_replica}
     assert all("token_run" in f and "missing_think_end" in f for f in flags[broken])
     others = set(flags) - {broken}
-    assert sound in others and len(others) == 2, f"no replacement replica served rows: {others}"
-    assert all(f == [] for r in others for f in flags[r])
+    assert sound in others and all(f == [] for r in others for f in flags[r])
+    # Serve replaced the drained replica. Whether the newcomer got rows before the sound
+    # replica finished them is the machine's timing, so ask the app, not the data.
+    after_drain = replica_infos(APP, 2, where=lambda info: info["replica"] != broken)
+    assert sound in after_drain and broken not in after_drain, sorted(after_drain)
     n_broken = len(flags[broken])
     # It stopped taking rows once its window was full; only those already inside its
     # engine came back after that.
