@@ -15,6 +15,13 @@ vocabularies, failed digests, reject ids, first budgets and the data rows of eve
 version. Outcome events are not kept: they count rows new to the caller, and a
 session's first scan (which the open is) is never counted (jobs/runs/progress.py).
 
+Beside it, ``<n>.stats.arrow``: the report's per-row statistics (part_summary.SERVED)
+of every key's latest row at that moment, with its part and row, so the end-of-session
+report and ``raygen report`` read one object for the parts object n covers and the
+sidecars of newer parts only (run_index.read_latest_stats). It is written before object
+n and used only with it (the same data parts, recorded by a digest); a key whose latest
+row is not in it (a newer part quarantined since) is read from its part's sidecar.
+
 Used only if it is right for the run as listed now: its format is readable, its salt is
 the run's, and every part it covers is still listed with the same size (a part
 quarantined or rewritten since: that object is skipped and an older one, or the
@@ -27,6 +34,7 @@ warning. The sidecars and parts stay the truth; this is a cache of them.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import os
@@ -37,14 +45,19 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
+from jobs.io import part_summary
 from jobs.io.digests import salt_id
-from jobs.io.storage import Location, is_local, list_files, write_local_durably
+from jobs.io.schema import DATA
+from jobs.io.storage import Location, is_local, list_files, read_bytes, write_local_durably
 
 logger = logging.getLogger("raygen")
 FORMAT = "1"
 READABLE_FORMATS = ("1",)
 FOLDER = ("index", "compact")
 SUFFIX = ".arrow"
+STATS_SUFFIX = ".stats.arrow"   # not a number's stem: listed() skips it
+STATS_FORMAT = "1"
+_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 BATCH_ROWS = 1 << 20
 KEEP = 2            # compact objects kept: the newest and the one before (a reader may be on it)
 TRIES = 3           # newest objects an open tries before it reads the sidecars
@@ -57,6 +70,15 @@ class BadCompact(ValueError):
 
 def enabled() -> bool:
     return os.environ.get("RAYGEN_INDEX_COMPACT", "1") not in ("0", "off", "false")
+
+
+def _stats_loc(store, n: int) -> Location:
+    return store.loc(*FOLDER, f"{n:08d}{STATS_SUFFIX}")
+
+
+def _data_digest(parts: dict[str, list]) -> str:
+    """What ties a stats object to its compact object: the data parts both describe."""
+    return hashlib.sha256(json.dumps(parts.get("data", [])).encode()).hexdigest()
 
 
 def _number(path: str) -> Optional[int]:
@@ -97,22 +119,125 @@ def write(index) -> Optional[str]:
     store = index.store
     n = (listed(store)[0][0] if listed(store) else 0) + 1
     loc = store.loc(*FOLDER, f"{n:08d}{SUFFIX}")
+    state = _state(index)
+    stats_ok = _write_stats(index, n, _data_digest(state["parts"]))  # before object n
     schema = pa.schema([(name, pa.from_numpy_dtype(dtype)) for name, dtype in columns.items()],
                        metadata={"compact_format": FORMAT,
                                  "key_salt_id": salt_id(index.key_salt),
-                                 "state": json.dumps(_state(index))})
+                                 "state": json.dumps(state)})
     keys = len(index.done)
     with _output(loc) as out, pa.ipc.new_stream(out, schema) as writer:
         for start in range(0, keys, BATCH_ROWS):  # zero-copy slices of the arrays
             writer.write_batch(pa.record_batch(
                 [pa.array(index.latest[name][start:start + BATCH_ROWS]) for name in columns],
                 schema=schema))
-    for _, old in listed(store)[KEEP:]:
-        try:
-            store.root.fs.delete_file(old)
-        except OSError as exc:  # an older object left behind is only bytes
-            logger.warning("could not delete old compact index %s: %s", old, exc)
+    index.compact_number = n if stats_ok else None
+    index.compact_data_digest = _data_digest(state["parts"])
+    for old_n, old in listed(store)[KEEP:]:
+        for path in (old, _stats_loc(store, old_n).path):
+            try:
+                store.root.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # an older object left behind is only bytes
+                logger.warning("could not delete old compact index %s: %s", path, exc)
     return loc.uri
+
+
+def _write_stats(index, n: int, digest: str) -> bool:
+    """Object n's stats beside it (False when not written: reports read sidecars)."""
+    try:
+        tables, names, counts, rows = [], [], [], []
+        for path, part_rows, table in index.latest_stats(part_summary.SERVED):
+            tables.append(table)
+            names.append(posixpath.basename(path))
+            counts.append(table.num_rows)
+            rows.append(part_rows[:table.num_rows])
+        columns = part_summary.SERVED
+        if tables:
+            table = pa.concat_tables(tables)
+        else:
+            table = pa.schema([DATA.field(c) for c in columns]).empty_table()
+        part = pa.DictionaryArray.from_arrays(
+            pa.array(np.repeat(np.arange(len(names), dtype=np.int32), counts), pa.int32()),
+            pa.array(names, pa.string()))
+        arrays = [part, pa.array(np.concatenate(rows) if rows else [], pa.int32())]
+        for name in columns:  # repeated strings stored once
+            column = table.column(name).combine_chunks()
+            arrays.append(column.dictionary_encode() if pa.types.is_string(column.type)
+                          else column)
+        out = pa.table(arrays, names=["part", "row", *columns]).replace_schema_metadata({
+            "stats_format": STATS_FORMAT, "compact": str(n), "data_parts": digest,
+            "key_salt_id": salt_id(index.key_salt)})
+        with _output(_stats_loc(index.store, n)) as sink, \
+                pa.ipc.new_file(sink, out.schema, options=_WRITE) as writer:
+            writer.write_table(out)
+        return True
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        logger.warning("compact index statistics not written (%s: %s): reports read the "
+                       "sidecars", type(exc).__name__, exc)
+        return False
+
+
+class CompactStats:
+    """A stats object's rows: ``take(path, rows)`` gives those rows' statistics, or
+    None when any of them is not in it (read that part's sidecar instead)."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+        part = table.column("part").combine_chunks()
+        names = part.dictionary.to_pylist()
+        codes = part.indices.to_numpy(zero_copy_only=False)
+        self.rows = table.column("row").to_numpy()
+        cuts = np.flatnonzero(np.diff(codes)) + 1  # written grouped by part, rows ascending
+        starts = np.concatenate([[0], cuts]) if len(codes) else np.empty(0, int)
+        ends = np.concatenate([cuts, [len(codes)]]) if len(codes) else np.empty(0, int)
+        self.ranges = {names[codes[a]]: (int(a), int(b)) for a, b in zip(starts, ends)}
+
+    def positions(self, path: str, rows: np.ndarray) -> Optional[np.ndarray]:
+        span = self.ranges.get(posixpath.basename(path))
+        if span is None:
+            return None
+        stored = self.rows[span[0]:span[1]]
+        at = np.searchsorted(stored, rows)
+        if (at >= len(stored)).any() or (stored[np.minimum(at, len(stored) - 1)] != rows).any():
+            return None
+        return at + span[0]
+
+    def columns(self, positions: np.ndarray, columns: list[str]) -> pa.Table:
+        picked = self.table.select(columns).take(pa.array(positions))
+        arrays = []
+        for name in columns:
+            column = picked.column(name)
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            arrays.append(column.cast(DATA.field(name).type))
+        return pa.table(arrays, schema=pa.schema([DATA.field(n) for n in columns]))
+
+
+def load_stats(index) -> Optional[CompactStats]:
+    """The stats of the compact object the index was opened from (None: none usable)."""
+    n = getattr(index, "compact_number", None)
+    if n is None or not enabled():
+        return None
+    loc = _stats_loc(index.store, n)
+    try:
+        data = read_bytes(loc)  # one GET
+        if data is None:
+            return None  # written by a raygen before it, or not written: the sidecars answer
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        meta = table.schema.metadata or {}
+        expected = {b"stats_format": STATS_FORMAT, b"compact": str(n),
+                    b"data_parts": index.compact_data_digest,
+                    b"key_salt_id": salt_id(index.key_salt)}
+        wrong = [k.decode() for k, v in expected.items() if meta.get(k, b"").decode() != v]
+        if wrong:
+            raise BadCompact(f"its {', '.join(wrong)} are not those of compact object {n}")
+        return CompactStats(table)
+    except (BadCompact, OSError, pa.ArrowException, KeyError, ValueError) as exc:
+        logger.warning("compact index statistics %s not used (%s): reading the sidecars",
+                       loc.uri, exc)
+        return None
 
 
 class _output:
@@ -208,12 +333,13 @@ def load(index, listing: dict[str, Any]) -> set[str]:
                            "parts it would cover", index.store.root.join(
                                *FOLDER, posixpath.basename(path)).uri, exc)
             continue
-        return _apply(index, state, arrays, listing)
+        return _apply(index, state, arrays, listing, n)
     return set()
 
 
-def _apply(index, state: dict, arrays: dict[str, np.ndarray], listing) -> set[str]:
+def _apply(index, state: dict, arrays: dict[str, np.ndarray], listing, n: int) -> set[str]:
     store = index.store
+    index.compact_number, index.compact_data_digest = n, _data_digest(state["parts"])
     index.latest = arrays
     index.part_paths = [store.loc("data", name).path for name in state["data_parts"]]
     index.finishes, index.settings = list(state["finishes"]), list(state["settings"])

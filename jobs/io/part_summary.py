@@ -58,6 +58,9 @@ STATS_COLUMNS = ["category", "finished_thinking", "prompt_tokens", "reasoning_to
                  "max_new_tokens", "effective_max_new_tokens", "budget_clamped_by",
                  "continuations", "spec_verify_ct", "repetition_ratio", "latency_s",
                  "replica", "max_thinking_tokens"]
+# Every data column a format-4 sidecar answers per row (``stats``): the report's.
+SERVED = ["version", "finish_reason", "completion_tokens", "settings_hash", "created_at",
+          *STATS_COLUMNS]
 _DICTIONARY = {"category", "budget_clamped_by", "replica"}   # few distinct values
 _WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 INDEX = "index"   # <run>/index/<kind>/

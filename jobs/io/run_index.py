@@ -124,6 +124,8 @@ class RunIndex:
         # the completion tokens that added (a continuation's; a regeneration's may be <0).
         self.replaced_keys, self.replaced_tokens = 0, 0
         self.compact_covered = 0   # parts the last compact object read or written covers
+        self.compact_number: Optional[int] = None   # that object's n, if its stats are usable
+        self.compact_data_digest = ""
         self._compact_tried = False
 
     @classmethod
@@ -353,6 +355,10 @@ class RunIndex:
                                                             np.split(row, cuts)) if len(g)}
         return dict(sorted(groups.items()))
 
+    def latest_stats(self, columns: list[str]) -> Iterable[tuple[str, np.ndarray, pa.Table]]:
+        """(part path, its winning rows, their ``columns``): ``latest_stats_by_part``."""
+        return latest_stats_by_part(self.store, self, columns)
+
     def take_events(self) -> list[tuple[str, str]]:
         events, self.events = self.events, []
         return events
@@ -390,11 +396,35 @@ def read_latest(store: RunStore, index: RunIndex, columns: Optional[list[str]] =
 
 def read_latest_stats(store: RunStore, index: RunIndex,
                       columns: list[str]) -> Iterable[pa.Table]:
-    """``columns`` (data columns, at most the sidecar's own and STATS_COLUMNS) of every
-    key's latest row, a table per data part in ``winners_by_part`` order, from the parts'
-    format-4 sidecars read in parallel: no data part is read. A part whose sidecar is
-    older (format 1-3), missing or not its part's any more is read instead (those
-    columns only); one quarantined meanwhile yields no rows, as in ``read_latest``."""
+    """``columns`` (data columns, at most part_summary.SERVED) of every key's latest row,
+    a table per data part: ``latest_stats_by_part``."""
+    for _, _, table in latest_stats_by_part(store, index, columns):
+        yield table
+
+
+def latest_stats_by_part(store: RunStore, index: RunIndex, columns: list[str]
+                         ) -> Iterable[tuple[str, np.ndarray, pa.Table]]:
+    """(part path, its rows that are a key's latest, their ``columns``) per data part.
+    The parts the index's compact object covers answer from its stats object (one read,
+    jobs/io/index_compact.py); the others from their format-4 sidecars, read in
+    parallel: no data part is read. A part whose sidecar is older (format 1-3), missing
+    or not its part's any more is read instead (those columns only); one quarantined
+    meanwhile yields no rows, as in ``read_latest``."""
+    winners = list(index.winners_by_part().items())
+    compact = index_compact.load_stats(index) if winners else None
+    rest = winners
+    if compact is not None:
+        found = [(path, rows, compact.positions(path, rows)) for path, rows in winners]
+        cached = [(path, rows, at) for path, rows, at in found if at is not None]
+        rest = [(path, rows) for path, rows, at in found if at is None]
+        if cached:
+            table = compact.columns(np.concatenate([at for _, _, at in cached]), columns)
+            start = 0
+            for path, rows, _ in cached:
+                index.reads["report_compact"] += 1
+                yield path, rows, table.slice(start, len(rows))
+                start += len(rows)
+
     def one(item: tuple[str, np.ndarray]) -> tuple[pa.Table, str]:
         path, rows = item
         data = read_bytes(store.sidecar_loc("data", posixpath.basename(path)))
@@ -409,13 +439,13 @@ def read_latest_stats(store: RunStore, index: RunIndex,
         table = store.read_part(path, columns)
         return (table.take(pa.array(rows)) if table.num_rows else table), "part"
 
-    winners = list(index.winners_by_part().items())
-    if not winners:
+    if not rest:
         return
-    with ThreadPoolExecutor(max_workers=min(index.threads, len(winners))) as pool:
-        for table, source in _in_order(pool, one, winners, 4 * index.threads):
+    with ThreadPoolExecutor(max_workers=min(index.threads, len(rest))) as pool:
+        for (path, rows), (table, source) in zip(rest, _in_order(pool, one, rest,
+                                                                 4 * index.threads)):
             index.reads[f"report_{source}"] += 1
-            yield table
+            yield path, rows, table
 
 
 def describe(index: RunIndex) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import logging
 import os
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from jobs.config import StorageConfig
 from jobs.io import index_compact, run_index
 from jobs.io.digests import digests_of
+from jobs.io.part_summary import SERVED
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RUN_FILE, RunStore
 from jobs.io.schema import DATA
@@ -196,3 +198,91 @@ def test_a_write_that_fails_is_logged_not_raised(store, monkeypatch, caplog):
         assert index_compact.maybe_write(index) is None
     assert "compact index not written (OSError" in caplog.text
     assert index_compact.listed(store) == []
+
+
+# --- the report's statistics beside each compact object ------------------------------
+
+def stats_frame(index: RunIndex) -> pd.DataFrame:
+    """Every key's latest row's report statistics, with its part and row, in one order."""
+    frames = []
+    for path, rows, table in index.latest_stats(SERVED):
+        frame = table.to_pandas()
+        frame.insert(0, "row", rows[:table.num_rows])
+        frame.insert(0, "part", path)
+        frames.append(frame)
+    return pd.concat(frames).sort_values(["part", "row"]).reset_index(drop=True)
+
+
+def test_the_report_reads_the_stats_object_and_only_the_sidecars_of_newer_parts(
+        store, monkeypatch):
+    fill(store, "a")
+    index_compact.maybe_write(RunIndex.open(store))
+    fill(store, "b", 20)
+    # A later session continues keys of the covered parts: their latest rows move out.
+    write_rows(store, "data", [make_row(f"a{i}", 2, finish_reason="stop", latency_s=7.0)
+                               for i in range(0, 60, 10)], per_file=20)
+    index = RunIndex.open(store)
+    reads = sidecar_reads(monkeypatch)
+    got = stats_frame(index)
+    newer = len(store.part_paths("data")) - 4  # the first fill's 3 + 1 data parts
+    assert len(reads) == newer and all("/index/data/" in r for r in reads)
+    assert index.reads["report_compact"] == 4 and index.reads["report_sidecar"] == newer
+    assert "report_part" not in index.reads
+    pd.testing.assert_frame_equal(got, stats_frame(from_sidecars(store, monkeypatch)))
+    assert (got[got.version == 2].latency_s == 7.0).all() and (got.version == 2).sum() == 6
+    # The session's end writes the next pair: the next report reads no sidecar at all.
+    index_compact.maybe_write(index)
+    reads.clear()
+    again = RunIndex.open(store)
+    pd.testing.assert_frame_equal(stats_frame(again), got)
+    assert again.reads["report_compact"] == len(store.part_paths("data")) and reads == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "another object's", "missing"])
+def test_a_stats_object_that_is_not_its_compact_objects_is_not_used(store, monkeypatch,
+                                                                    caplog, damage):
+    fill(store, "a")
+    index_compact.maybe_write(RunIndex.open(store))
+    first = store.loc(*index_compact.FOLDER, "00000001.stats.arrow").path
+    fill(store, "b", 20)
+    index_compact.maybe_write(RunIndex.open(store))
+    second = store.loc(*index_compact.FOLDER, "00000002.stats.arrow").path
+    if damage == "truncated":
+        data = open(second, "rb").read()
+        open(second, "wb").write(data[:len(data) // 2])
+    elif damage == "another object's":  # the previous session's, covering fewer parts
+        open(second, "wb").write(open(first, "rb").read())
+    else:  # a compact object written by the raygen before the stats object
+        os.unlink(second)
+    index = RunIndex.open(store)
+    with caplog.at_level(logging.WARNING, "raygen"):
+        got = stats_frame(index)
+    assert "report_compact" not in index.reads
+    assert index.reads["report_sidecar"] == len(store.part_paths("data"))
+    if damage == "missing":
+        assert "statistics" not in caplog.text
+    else:
+        assert "00000002.stats.arrow not used" in caplog.text
+    if damage == "another object's":
+        assert "data_parts" in caplog.text and "compact" in caplog.text
+    pd.testing.assert_frame_equal(got, stats_frame(from_sidecars(store, monkeypatch)))
+
+
+def test_rows_missing_from_the_stats_object_are_read_from_their_sidecar():
+    table = pa.table({"part": pa.array(["p1", "p1", "p2"]).dictionary_encode(),
+                      "row": pa.array([0, 3, 1], pa.int32())})
+    stats = index_compact.CompactStats(table)
+    assert stats.positions("data/p1", np.array([0, 3])).tolist() == [0, 1]
+    assert stats.positions("data/p2", np.array([1])).tolist() == [2]
+    assert stats.positions("data/p1", np.array([1])) is None   # not a winner when written
+    assert stats.positions("data/p1", np.array([3, 4])) is None
+    assert stats.positions("data/p3", np.array([0])) is None   # a part it does not cover
+
+
+def test_only_the_newest_two_stats_objects_are_kept(store):
+    for tag in "abc":
+        fill(store, tag, 20)
+        index_compact.maybe_write(RunIndex.open(store))
+    folder = os.path.dirname(store.loc(*index_compact.FOLDER, "x").path)
+    assert sorted(os.listdir(folder)) == ["00000002.arrow", "00000002.stats.arrow",
+                                          "00000003.arrow", "00000003.stats.arrow"]
