@@ -5,7 +5,9 @@ first ``held`` of them become a run's data/ parts, 256 rows each, written by
 ``RunStore.write_part`` (the sink's own call, so the bytes, names and anything written
 beside a part are what a real run has) into a local cache folder, once per
 (held, settings_hash, sidecar format). ``index="after"`` also writes the run's compact
-index object (jobs/io/index_compact.py, what a session's end writes); ``"before"`` is the
+index object and its stats object (jobs/io/index_compact.py, what a session's end
+writes) and, with ``recorded_input``, the admission pass over its input recorded
+(what the session that wrote them leaves); ``"before"`` is the
 same parts with format-3 sidecars (no report statistics) and no compact object: a run
 as the previous raygen left it. ``upload`` copies that folder to a fresh S3 run prefix
 with parallel threads; the upload is not what the benchmark times.
@@ -13,8 +15,10 @@ with parallel threads; the upload is not what the benchmark times.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,10 +30,13 @@ import pyarrow.fs as pafs
 from bench.prompts import cached_jsonl
 from jobs.config import RunConfig, StorageConfig
 from jobs.io import index_compact, part_summary
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import RunStore, part_name
 from jobs.io.schema import DATA, TIMESTAMP, TURN
-from jobs.io.storage import list_files, locate, read_bytes
 from jobs.io.run_index import RunIndex, row_ids
+from jobs.io.sources import MAX_LINE_BYTES
+from jobs.io.storage import list_files, locate, read_bytes, write_json_atomic
+from jobs.pipeline import admission_cache
+from jobs.pipeline.admission import admit_inputs
 from jobs.pipeline.validate import canonical_json, prompt_key
 
 ROWS_PER_PART = 256
@@ -114,9 +121,118 @@ def cached_run(work_dir: Path, held: int, cfg: RunConfig, settings_hash: str,
         (root / "COMPLETE").write_text(f"{held} rows\n")
     if index == "before":
         return _as_before(run, root / "before")
-    if not index_compact.listed(RunStore(str(run), StorageConfig())):
-        index_compact.write(RunIndex.open(RunStore(str(run), StorageConfig())))
+    store = RunStore(str(run), StorageConfig())
+    newest = index_compact.listed(store)[:1]
+    if not newest or not os.path.exists(  # a cache made before the stats object
+            store.loc(*index_compact.FOLDER, f"{newest[0][0]:08d}.stats.arrow").path):
+        index_compact.write(RunIndex.open(store))
     return run
+
+
+def recorded_input(work_dir: Path, run: Path, held: int) -> Path:
+    """The input of the run's sessions so far (rows 0..held) at a fixed path, with the
+    admission pass over it recorded in the run (jobs/pipeline/admission_cache.py), as
+    the session that generated them left it; built once. A resume appends its new
+    lines to this file (``grown``), as a user adds prompts to the input."""
+    path = work_dir / f"recorded-input-{held}.jsonl"
+    store = RunStore(str(run), StorageConfig())
+    if path.exists() and os.path.exists(store.loc(*admission_cache.NAME).path) and \
+            path.stat().st_size == input_file(work_dir, held).stat().st_size:
+        return path
+    path.write_bytes(input_file(work_dir, held).read_bytes())
+    inputs = [locate(str(path), StorageConfig())]
+    admission = admit_inputs(inputs, RunIndex.open(store), False, lambda rejects: None,
+                             keep_keys=True)
+    assert len(admission.table) == 0, "the pre-filled run holds every prompt of its input"
+    write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
+    assert admission_cache.save(store, inputs, None, MAX_LINE_BYTES, admission)
+    return path
+
+
+class grown:
+    """The recorded input with ``new`` more rows appended for the block; cut back to
+    its recorded rows after."""
+
+    def __init__(self, work_dir: Path, path: Path, held: int, new: int):
+        self.path, self.size = path, input_file(work_dir, held).stat().st_size
+        self.tail = input_file(work_dir, new, start=held)
+
+    def __enter__(self) -> Path:
+        with open(self.path, "ab") as f:
+            f.write(self.tail.read_bytes())
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        os.truncate(self.path, self.size)
+
+
+def synthetic_run(work_dir: Path, held: int, cfg: RunConfig, settings_hash: str) -> Path:
+    """A run of ``held`` rows too large to write as parts here (9M rows: 35K parts,
+    3.7 GB): 1-byte stand-in parts under the real names, each with the sidecar its rows
+    would have (part_summary.summarize of the same rows as ``data_part``, without the
+    text and token ids no sidecar keeps), then the run's compact index and stats objects
+    built from them as a session's end does. A resume reads only those objects and the
+    listing (jobs/io/index_compact.py); ``upload_synthetic`` leaves the sidecars out.
+    Built once under ``work_dir``."""
+    root = work_dir / f"synthetic-{held}-{settings_hash.replace(':', '')[:16]}-f{part_summary.FORMAT}"
+    run = root / "run"
+    if (root / "COMPLETE").exists():
+        return run
+    store = RunStore(str(run), StorageConfig())
+    store.init_run_file()
+    stand_in = b"x"
+    checksum = hashlib.sha256(stand_in).hexdigest()
+    budget = cfg.job.max_new_tokens
+    created = pa.array(np.full(ROWS_PER_PART, int(time.time() * 1000)), pa.int64()).cast(TIMESTAMP)
+
+    def write(start: int) -> None:
+        stop = min(start + ROWS_PER_PART, held)
+        n = stop - start
+        keys = [f"s{i:09d}" for i in range(start, stop)]
+
+        def same(value, type_=None):
+            return pa.array([value] * n, type_)
+        table = pa.table({
+            "key": keys, "version": same(0, pa.int32()), "created_at": created[:n],
+            "finish_reason": same("stop"), "completion_tokens": same(COMPLETION_TOKENS, pa.int32()),
+            "prompt_hash": [prompt_key(messages(i), None) for i in range(start, stop)],
+            "settings_hash": same(settings_hash),
+            "budget_history": same([budget], pa.list_(pa.int32())),
+            "retry_classes": same([], pa.list_(pa.string())), "category": same("chat"),
+            "finished_thinking": same(True), "prompt_tokens": same(PROMPT_IDS, pa.int32()),
+            "reasoning_tokens": same(40, pa.int32()), "max_new_tokens": same(budget, pa.int32()),
+            "effective_max_new_tokens": same(budget, pa.int32()), "budget_clamped_by": same(""),
+            "continuations": same(0, pa.int32()), "spec_verify_ct": same(40, pa.int64()),
+            "repetition_ratio": same(0.0), "latency_s": same(1.0),
+            "replica": same("bench-prefill"), "max_thinking_tokens": same(None, pa.int32()),
+            "sample": same(None, pa.int32())})
+        name = part_name(row_ids("data", table))
+        loc = store.loc("data", name)
+        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
+        Path(loc.path).write_bytes(stand_in)
+        store.write_sidecar("data", name, table, len(stand_in), checksum)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(write, range(0, held, ROWS_PER_PART)))
+    index_compact.write(RunIndex.open(store))
+    (root / "COMPLETE").write_text(f"{held} rows, synthetic\n")
+    return run
+
+
+def upload_synthetic(local_run: Path, run_uri: str, storage: StorageConfig) -> None:
+    """``upload`` without the sidecars (the compact objects cover every part)."""
+    dest = locate(run_uri, storage)
+    files = [entry for entry in local_run.rglob("*") if entry.is_file()]
+
+    def put(entry: Path) -> None:
+        rel = entry.relative_to(local_run).parts
+        if rel[:1] == (part_summary.INDEX,) and rel[1:2] != index_compact.FOLDER[1:]:
+            return
+        target = posixpath.join(dest.path, *rel)
+        dest.fs.create_dir(posixpath.dirname(target), recursive=True)  # local; S3: no-op
+        with dest.fs.open_output_stream(target) as out:
+            out.write(entry.read_bytes())
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, files))
 
 
 def _as_before(run: Path, before: Path) -> Path:

@@ -7,7 +7,9 @@ For each held size N and each S3 delay, in ONE process against the real local st
 
   fresh   a new run of the same ``--new`` prompts (rows N..N+new of the input)
   resume  a run pre-filled with N rows (bench/prefill.py: real parts, 256 rows each)
-          resumed with the N+new-row input, so it generates exactly those new rows
+          resumed with the N+new-row input, so it generates exactly those new rows;
+          the run's first N input rows and its admission pass over them recorded, the
+          new rows appended to that file (as a user adds prompts)
 
 both through ``jobs.runs.run.run_job``, the entry point of ``python -m jobs.generate``.
 Printed per run: wall time (run_job call to return), time to first request (run_job
@@ -19,8 +21,14 @@ points storage.endpoint_url at it (the pre-fill upload bypasses it). With
 ``--analysis`` the largest resumed run (at the first of its delays) is then timed under
 ``jobs.analysis`` status, report and finalize (their main(), as the CLI runs them).
 
+Held sizes above ``--synthetic-above`` (default 1M: e.g. ``--held 9000000``) are not
+written as parts: stand-in parts under the real names with the compact index and stats
+objects their sidecars give (bench/prefill.py ``synthetic_run``), which is all a resume
+reads of them; measured, not extrapolated, as "after" only.
+
 ``--index before,after`` resumes each pre-filled run twice, side by side: ``before`` as
-the previous raygen left it (format-3 sidecars, no compact index object) with
+the previous raygen left it (format-3 sidecars, no compact index object, no recorded
+admission pass: the N+new-row input read whole) with
 ``RAYGEN_INDEX_COMPACT=0`` (the index opens from every sidecar, the report reads every
 data part), ``after`` with format-4 sidecars and the compact object the prefill wrote
 (what a session's end writes). Each resume also prints its end-of-session report's
@@ -47,7 +55,8 @@ from urllib.parse import urlparse
 from bench.engines import scrape
 from bench.latency_proxy import LatencyProxy
 from bench.modes import REPO
-from bench.prefill import cached_run, input_file, sidecar_bytes_per_row, upload
+from bench.prefill import (cached_run, grown, input_file, recorded_input,
+                           sidecar_bytes_per_row, synthetic_run, upload, upload_synthetic)
 from bench.procs import ProcTree, RssSampler
 
 logger = logging.getLogger("bench")
@@ -284,9 +293,15 @@ def run_scale(args: argparse.Namespace) -> ScaleResult:
             _remove(warm_cfg, direct)
             for held in args.held:
                 logger.warning("scale: pre-filling %d rows (cached under %s)", held, work)
-                local_runs = {mode: cached_run(work, held, base, sh, index=mode)
-                              for mode in args.index}
-                full = input_file(work, held + args.new)
+                synthetic = held > args.synthetic_above
+                if synthetic:  # stand-in parts + the objects a resume reads ("after" only)
+                    local_runs = {"after": synthetic_run(work, held, base, sh)}
+                else:
+                    local_runs = {mode: cached_run(work, held, base, sh, index=mode)
+                                  for mode in args.index}
+                full = input_file(work, held + args.new) if "before" in local_runs else None
+                recorded = (recorded_input(work, local_runs["after"], held)
+                            if "after" in local_runs else None)
                 new = input_file(work, args.new, start=held)
                 for delay in [d for d in args.delays if not d or held <= args.delay_max_held]:
                     with contextlib.ExitStack() as stack:
@@ -303,19 +318,26 @@ def run_scale(args: argparse.Namespace) -> ScaleResult:
                             out.sidecar = sidecar_bytes_per_row(RunStore.for_run(
                                 fresh.job.output, fresh.job.run_name, direct))
                         _remove(fresh, direct)
-                        for mode in args.index:
-                            resume = parse_config(config_tree(args, url, full,
-                                                              f"resume-{mode}-{tag}"))
-                            upload(local_runs[mode], f"s3://{BUCKET}/runs/resume-{mode}-{tag}",
-                                   direct)
-                            with index_mode(mode):
+                        for mode in local_runs:
+                            (upload_synthetic if synthetic else upload)(
+                                local_runs[mode], f"s3://{BUCKET}/runs/resume-{mode}-{tag}",
+                                direct)
+                            with contextlib.ExitStack() as inputs, index_mode(mode):
+                                # after: the recorded input with the new rows appended;
+                                # before: no record (the whole pass), the same rows
+                                path = (inputs.enter_context(grown(work, recorded, held,
+                                                                   args.new))
+                                        if mode == "after" else full)
+                                resume = parse_config(config_tree(args, url, path,
+                                                                  f"resume-{mode}-{tag}"))
                                 state_s = read_state_s(resume)
                                 m = timed_run(resume, urls, held, delay, "resume")
                                 m.state_read_s, m.index = state_s, mode
                                 results.append(m)
                                 logger.warning("scale: %s", line(fresh_m, m))
-                                if args.analysis and held == max(args.held) and \
-                                        not out.analysis:
+                                if args.analysis and not synthetic and not out.analysis \
+                                        and held == max(h for h in args.held
+                                                        if h <= args.synthetic_above):
                                     out.analysis = analysis_times(resume, work)
                                     out.analysis_rows = held + args.new
                                     out.analysis_delay_s = delay
@@ -390,7 +412,8 @@ def markdown(result: ScaleResult, command: str, synthetic: int = 9_000_000) -> s
         text += (f"\nData sidecars of the fresh run ({result.sidecar['rows']:,} rows): "
                  f"{result.sidecar['format_4']:.1f} B/row (format 4, with the report's "
                  f"statistics), {result.sidecar['format_3']:.1f} B/row as format 3\n")
-    extra = extrapolated(results, synthetic)
+    extra = (None if any(m.held >= synthetic for m in results)  # measured
+             else extrapolated(results, synthetic))
     if extra:
         text += "\n" + extra + "\n"
     if result.analysis:
@@ -408,6 +431,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--delays", default="0,0.03", help="S3 delays in seconds, comma-separated")
     p.add_argument("--delay-max-held", type=int, default=10**9,
                    help="run the delays > 0 only for held sizes up to this (they are slow)")
+    p.add_argument("--synthetic-above", type=int, default=1_000_000,
+                   help="held sizes above this are filled synthetically: stand-in parts, "
+                        "their compact index and stats objects (bench/prefill.py "
+                        "synthetic_run), resumed as 'after' only")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=0.02)
     p.add_argument("--max-new-tokens", type=int, default=4096)
