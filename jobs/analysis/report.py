@@ -46,7 +46,7 @@ from jobs.analysis.token_yield import parse_lengths, yield_report
 from jobs.io.digests import sorted_contains
 from jobs.io.samples import identity_digests
 from jobs.io.part_summary import reject_reason_class
-from jobs.io.run_index import RunIndex, read_latest_stats
+from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
 from jobs.io.storage import write_bytes_atomic, write_json_atomic
@@ -73,7 +73,8 @@ def load_latest(store: RunStore,
     if index is None:
         index = RunIndex(store)
     index.refresh()
-    tables = list(read_latest_stats(store, index, REPORT_COLUMNS))
+    # held: the session's end writes the compact stats object from this same read
+    tables = [table for _, _, table in index.latest_stats(REPORT_COLUMNS, hold=True)]
     table = pa.concat_tables(tables) if tables else pa.schema(
         [DATA.field(c) for c in REPORT_COLUMNS]).empty_table()
     df = table.to_pandas()

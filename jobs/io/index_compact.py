@@ -109,10 +109,11 @@ def _state(index) -> dict[str, Any]:
             "data_rows": index.data_rows, "keys": len(index.done)}
 
 
-def write(index) -> Optional[str]:
-    """Write the index as the run's next compact object and drop all but the newest
-    KEEP; returns its URI (None when switched off). Raises OSError on a storage error:
-    the caller logs it (the sidecars still answer every open)."""
+def write(index, stats: bool = True) -> Optional[str]:
+    """Write the index as the run's next compact object (``stats``: and its stats object
+    first) and drop all but the newest KEEP; returns its URI (None when switched off).
+    Raises OSError on a storage error: the caller logs it (the sidecars still answer
+    every open)."""
     if not enabled():
         return None
     columns = {name: a.dtype for name, a in index.latest.items()}  # run_index.COLUMNS
@@ -120,7 +121,7 @@ def write(index) -> Optional[str]:
     n = (listed(store)[0][0] if listed(store) else 0) + 1
     loc = store.loc(*FOLDER, f"{n:08d}{SUFFIX}")
     state = _state(index)
-    stats_ok = _write_stats(index, n, _data_digest(state["parts"]))  # before object n
+    stats_ok = stats and _write_stats(index, n, _data_digest(state["parts"]))  # before n
     schema = pa.schema([(name, pa.from_numpy_dtype(dtype)) for name, dtype in columns.items()],
                        metadata={"compact_format": FORMAT,
                                  "key_salt_id": salt_id(index.key_salt),
@@ -361,10 +362,13 @@ def _apply(index, state: dict, arrays: dict[str, np.ndarray], listing, n: int) -
     return covered
 
 
-def maybe_write(index, min_uncovered: int = 1) -> Optional[str]:
+def maybe_write(index, min_uncovered: int = 1, stats: bool = True) -> Optional[str]:
     """Write a compact object when at least ``min_uncovered`` parts the index holds are
-    covered by none it has (refreshed first); by the lease holder only. A storage error
-    is logged, never raised: the sidecars still answer every open."""
+    covered by none it has (refreshed first); by the lease holder only. ``stats``
+    False: without its stats object (right after an open: they would cost every
+    sidecar's read again before the first request; the session's end writes both,
+    from the report's own read). A storage error is logged, never raised: the
+    sidecars still answer every open."""
     if not enabled() or index.store is None:
         return None
     try:
@@ -372,7 +376,7 @@ def maybe_write(index, min_uncovered: int = 1) -> Optional[str]:
         if len(index.seen) - index.compact_covered < min_uncovered:
             return None
         started = time.monotonic()
-        uri = write(index)
+        uri = write(index, stats)
     except Exception as exc:  # noqa: BLE001 - a cache: never the session's failure
         logger.warning("compact index not written (%s: %s): the next open reads the "
                        "sidecars", type(exc).__name__, exc)

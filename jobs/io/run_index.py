@@ -127,6 +127,7 @@ class RunIndex:
         self.compact_number: Optional[int] = None   # that object's n, if its stats are usable
         self.compact_data_digest = ""
         self._compact_tried = False
+        self._held_stats: Optional[tuple] = None   # latest_stats(hold=True)'s read
 
     @classmethod
     def open(cls, store: RunStore) -> "RunIndex":
@@ -355,9 +356,21 @@ class RunIndex:
                                                             np.split(row, cuts)) if len(g)}
         return dict(sorted(groups.items()))
 
-    def latest_stats(self, columns: list[str]) -> Iterable[tuple[str, np.ndarray, pa.Table]]:
-        """(part path, its winning rows, their ``columns``): ``latest_stats_by_part``."""
-        return latest_stats_by_part(self.store, self, columns)
+    def latest_stats(self, columns: list[str], hold: bool = False
+                     ) -> Iterable[tuple[str, np.ndarray, pa.Table]]:
+        """(part path, its winning rows, their ``columns``): ``latest_stats_by_part``.
+        ``hold``: read every part_summary.SERVED column and keep them for the next call
+        while the winners are the same (the session's end: its report, then the compact
+        stats object from that one read); the next call takes them."""
+        state = (self.data_rows, len(self.seen), self.quarantined, self.compact_number)
+        held, self._held_stats = self._held_stats, None
+        if held is not None and held[0] == state:
+            return [(path, rows, table.select(columns)) for path, rows, table in held[1]]
+        if not hold:
+            return latest_stats_by_part(self.store, self, columns)
+        parts = list(latest_stats_by_part(self.store, self, part_summary.SERVED))
+        self._held_stats = (state, parts)
+        return [(path, rows, table.select(columns)) for path, rows, table in parts]
 
     def take_events(self) -> list[tuple[str, str]]:
         events, self.events = self.events, []

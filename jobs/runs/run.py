@@ -198,7 +198,8 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
         index = RunIndex.open(store)  # the resume state: what the run's files hold
         logger.info("run index read in %.1f s: %s", time.monotonic() - started,
                     describe_index(index))
-        index_compact.maybe_write(index, index_compact.OPEN_COMPACT_PARTS)  # many uncovered
+        index_compact.maybe_write(index, index_compact.OPEN_COMPACT_PARTS,  # many uncovered
+                                  stats=False)  # the end writes them, from the report's read
         plan = plans.plan(cfg, store, inputs, index, mode, stage)
         _init_ray(stop_exc)
         if warm is None:  # the pipeline's processes start while the engines are deployed

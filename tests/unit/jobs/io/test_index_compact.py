@@ -202,15 +202,19 @@ def test_a_write_that_fails_is_logged_not_raised(store, monkeypatch, caplog):
 
 # --- the report's statistics beside each compact object ------------------------------
 
-def stats_frame(index: RunIndex) -> pd.DataFrame:
-    """Every key's latest row's report statistics, with its part and row, in one order."""
+def stats_frame_of(parts) -> pd.DataFrame:
     frames = []
-    for path, rows, table in index.latest_stats(SERVED):
+    for path, rows, table in parts:
         frame = table.to_pandas()
         frame.insert(0, "row", rows[:table.num_rows])
         frame.insert(0, "part", path)
         frames.append(frame)
     return pd.concat(frames).sort_values(["part", "row"]).reset_index(drop=True)
+
+
+def stats_frame(index: RunIndex) -> pd.DataFrame:
+    """Every key's latest row's report statistics, with its part and row, in one order."""
+    return stats_frame_of(index.latest_stats(SERVED))
 
 
 def test_the_report_reads_the_stats_object_and_only_the_sidecars_of_newer_parts(
@@ -286,3 +290,27 @@ def test_only_the_newest_two_stats_objects_are_kept(store):
     folder = os.path.dirname(store.loc(*index_compact.FOLDER, "x").path)
     assert sorted(os.listdir(folder)) == ["00000002.arrow", "00000002.stats.arrow",
                                           "00000003.arrow", "00000003.stats.arrow"]
+
+
+def test_the_sessions_end_writes_the_stats_from_the_reports_own_read(store, monkeypatch):
+    fill(store, "a")
+    index = RunIndex.open(store)
+    # right after an open: the compact object alone (its stats would cost every
+    # sidecar's read again before the first request)
+    index_compact.maybe_write(index, stats=False)
+    folder = os.path.dirname(store.loc(*index_compact.FOLDER, "x").path)
+    assert os.listdir(folder) == ["00000001.arrow"] and index.compact_number is None
+    fill(store, "b", 20)
+    reads = sidecar_reads(monkeypatch)
+    index.refresh()
+    opened = len(reads)
+    report = stats_frame_of(index.latest_stats(SERVED, hold=True))  # the report
+    parts = len(store.part_paths("data"))
+    assert len(reads) - opened == parts  # no stats object yet: every sidecar
+    index_compact.maybe_write(index)  # the end: the stats object from that same read
+    assert len(reads) - opened == parts
+    assert sorted(os.listdir(folder))[-2:] == ["00000002.arrow", "00000002.stats.arrow"]
+    again = RunIndex.open(store)
+    pd.testing.assert_frame_equal(stats_frame(again), report)
+    assert again.reads["report_compact"] == parts
+
