@@ -34,7 +34,8 @@ from jobs.io.run_store import RunStore, part_name
 from jobs.io.schema import DATA, TIMESTAMP, TURN
 from jobs.io.run_index import RunIndex, row_ids
 from jobs.io.sources import MAX_LINE_BYTES
-from jobs.io.storage import list_files, locate, read_bytes, write_json_atomic
+from jobs.io.storage import (list_files, locate, put_verified, read_bytes,
+                             write_json_atomic)
 from jobs.pipeline import admission_cache
 from jobs.pipeline.admission import admit_inputs
 from jobs.pipeline.validate import canonical_json, prompt_key
@@ -220,17 +221,15 @@ def synthetic_run(work_dir: Path, held: int, cfg: RunConfig, settings_hash: str)
 
 def upload_synthetic(local_run: Path, run_uri: str, storage: StorageConfig) -> None:
     """``upload`` without the sidecars (the compact objects cover every part)."""
-    dest = locate(run_uri, storage)
     files = [entry for entry in local_run.rglob("*") if entry.is_file()]
 
     def put(entry: Path) -> None:
         rel = entry.relative_to(local_run).parts
         if rel[:1] == (part_summary.INDEX,) and rel[1:2] != index_compact.FOLDER[1:]:
             return
-        target = posixpath.join(dest.path, *rel)
-        dest.fs.create_dir(posixpath.dirname(target), recursive=True)  # local; S3: no-op
-        with dest.fs.open_output_stream(target) as out:
-            out.write(entry.read_bytes())
+        # one plain PUT each (pyarrow's streams make three requests of a multipart upload)
+        put_verified(locate(posixpath.join(run_uri, *rel), storage), entry.read_bytes(),
+                     storage)
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(put, files))
 
