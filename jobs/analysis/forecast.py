@@ -126,14 +126,21 @@ class Sample:
     """
 
     def __init__(self, df: pd.DataFrame):
-        finish = df["finish_reason"].astype(str).to_numpy()
-        keep = np.isin(finish, ("stop", "length"))
+        # pandas' own comparisons and hash factorizing: no Python string per row (9M
+        # rows: seconds saved against astype(str) + np.unique on object arrays)
+        finish = df["finish_reason"]
+        keep = finish.isin(("stop", "length")).to_numpy(dtype=bool)
         self.n_abort = int((~keep).sum())
         tokens = np.maximum(df["completion_tokens"].to_numpy(dtype=float)[keep], 1.0)
-        cats = (df["category"].fillna("none").astype(str).to_numpy()[keep]
-                if "category" in df.columns else np.full(tokens.size, "none"))
-        self.categories, cat = np.unique(cats, return_inverse=True)
-        self.censored = finish[keep] == "length"
+        cats = (df["category"][keep].fillna("none") if "category" in df.columns
+                else pd.Series(["none"] * int(keep.sum()), dtype=object))
+        codes, uniques = pd.factorize(cats)
+        names = np.asarray([str(u) for u in uniques], dtype=object)
+        order = np.argsort(names, kind="stable")  # sorted, as np.unique numbered them
+        rank = np.empty(order.size, np.int64)
+        rank[order] = np.arange(order.size)
+        self.categories, cat = names[order].astype(str), rank[codes]
+        self.censored = (finish[keep] == "length").to_numpy(dtype=bool)
         self.tokens, self.n = tokens, int(tokens.size)
         logv = np.log(tokens)
         self.y0 = float(np.median(logv)) if logv.size else 0.0  # centring: conditioning

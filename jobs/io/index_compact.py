@@ -57,6 +57,8 @@ FOLDER = ("index", "compact")
 SUFFIX = ".arrow"
 STATS_SUFFIX = ".stats.arrow"   # not a number's stem: listed() skips it
 STATS_FORMAT = "1"
+# zstd: at 9M keys 374 -> 171 MiB for 0.7 s of writing, read back in 0.1 s; readers
+# decompress transparently (the format is unchanged)
 _WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 BATCH_ROWS = 1 << 20
 KEEP = 2            # compact objects kept: the newest and the one before (a reader may be on it)
@@ -127,7 +129,7 @@ def write(index, stats: bool = True) -> Optional[str]:
                                  "key_salt_id": salt_id(index.key_salt),
                                  "state": json.dumps(state)})
     keys = len(index.done)
-    with _output(loc) as out, pa.ipc.new_stream(out, schema) as writer:
+    with _output(loc) as out, pa.ipc.new_stream(out, schema, options=_WRITE) as writer:
         for start in range(0, keys, BATCH_ROWS):  # zero-copy slices of the arrays
             writer.write_batch(pa.record_batch(
                 [pa.array(index.latest[name][start:start + BATCH_ROWS]) for name in columns],

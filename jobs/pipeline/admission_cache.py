@@ -87,7 +87,9 @@ def save(store: RunStore, inputs: list[Location], limit: Optional[int], max_line
                       "count": pa.array(counts, pa.uint32())})
     table = table.replace_schema_metadata({"admission_record": json.dumps(meta)})
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
+    # zstd: the ordinals and counts compress, the digests do not (9M keys: 171 -> 93 MiB)
+    with pa.ipc.new_file(sink, table.schema,
+                         options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
         writer.write_table(table)
     try:
         write_bytes_atomic(store.loc(*NAME), sink.getvalue().to_pybytes())
