@@ -18,8 +18,9 @@ import pytest
 
 from jobs.config import parse_config
 from jobs.runs.run import RunError
-from tests.integration.helpers import (assert_run_exact, read, replica_infos, run, run_config,
-                                       store_of, write_prompts, write_yaml)
+from tests.integration.helpers import (assert_run_exact, engine_urls, read, replica_infos, run,
+                                       run_config, set_faults, store_of, write_prompts,
+                                       write_yaml)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -88,6 +89,9 @@ def test_a_redeploy_outside_raygen_stops_the_run_before_a_foreign_row(ray_cluste
     a = _driver(tree_a, tmp_path, "c")
     try:
         _first_rows(store_of(tree_a))
+        # A's own engines slowed to a crawl: A cannot finish its rows while the rollout
+        # below takes its time (31 s on a loaded CI machine, where A once completed first)
+        set_faults(engine_urls(APP, 2), slow_rate=1.0, slow_factor=50.0)
         # What `serve deploy` / a RayService update does: no claim, just the new app.
         serve.run(build_app(other.engine, other.serve), name=APP, route_prefix=None)
         foreign = set(_replica_hashes(foreign_to=hash_a))
