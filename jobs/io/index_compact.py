@@ -183,8 +183,9 @@ def _write_stats(index, n: int, digest: str) -> bool:
 
 
 class CompactStats:
-    """A stats object's rows: ``take(path, rows)`` gives those rows' statistics, or
-    None when any of them is not in it (read that part's sidecar instead)."""
+    """A stats object's rows: ``positions(path, rows)`` finds a part's rows in it (None
+    when any is not: read that part's sidecar instead), ``columns(positions, names)``
+    gives their statistics typed as the part's columns."""
 
     def __init__(self, table: pa.Table):
         self.table = table
@@ -208,14 +209,8 @@ class CompactStats:
         return at + span[0]
 
     def columns(self, positions: np.ndarray, columns: list[str]) -> pa.Table:
-        picked = self.table.select(columns).take(pa.array(positions))
-        arrays = []
-        for name in columns:
-            column = picked.column(name)
-            if pa.types.is_dictionary(column.type):
-                column = column.cast(column.type.value_type)
-            arrays.append(column.cast(DATA.field(name).type))
-        return pa.table(arrays, schema=pa.schema([DATA.field(n) for n in columns]))
+        return part_summary.as_part_columns(
+            self.table.select(columns).take(pa.array(positions)), columns)
 
 
 def load_stats(index) -> Optional[CompactStats]:

@@ -195,12 +195,19 @@ def has_stats(summary: pa.Table) -> bool:
 def stats(summary: pa.Table, rows: pa.Array, columns: list[str]) -> pa.Table:
     """``columns`` (data column names) of the part's ``rows``, from its format-4 sidecar,
     typed as the part's own columns: what reading them from the part gives."""
-    picked = summary.take(rows)
     base = {"version": "version", "finish_reason": "finish", "completion_tokens": "tokens",
             "settings_hash": "settings", "created_at": "created_ms"}
+    return as_part_columns(summary.take(rows), columns, base)
+
+
+def as_part_columns(stored: pa.Table, columns: list[str],
+                    names: Optional[dict[str, str]] = None) -> pa.Table:
+    """``columns`` (data column names) of ``stored`` rows kept with dictionaries and
+    other types (``names``: a column's name there, if not its own), typed as a data
+    part's columns."""
     arrays = []
     for name in columns:
-        column = picked.column(base.get(name, name))
+        column = stored.column((names or {}).get(name, name))
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
         arrays.append(column.cast(DATA.field(name).type))
