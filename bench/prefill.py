@@ -170,8 +170,8 @@ class grown:
 def synthetic_run(work_dir: Path, held: int, cfg: RunConfig, settings_hash: str) -> Path:
     """A run of ``held`` rows too large to write as parts here (9M rows: 35K parts,
     3.7 GB): 1-byte stand-in parts under the real names, each with the sidecar its rows
-    would have (part_summary.summarize of the same rows as ``data_part``, without the
-    text and token ids no sidecar keeps), then the run's compact index and stats objects
+    would have (the rows of ``data_part``, summarized by the store's own
+    write_sidecar), then the run's compact index and stats objects
     built from them as a session's end does. A resume reads only those objects and the
     listing (jobs/io/index_compact.py); ``upload_synthetic`` leaves the sidecars out.
     Built once under ``work_dir``."""
@@ -183,30 +183,9 @@ def synthetic_run(work_dir: Path, held: int, cfg: RunConfig, settings_hash: str)
     store.init_run_file()
     stand_in = b"x"
     checksum = hashlib.sha256(stand_in).hexdigest()
-    budget = cfg.job.max_new_tokens
-    created = pa.array(np.full(ROWS_PER_PART, int(time.time() * 1000)), pa.int64()).cast(TIMESTAMP)
 
     def write(start: int) -> None:
-        stop = min(start + ROWS_PER_PART, held)
-        n = stop - start
-        keys = [f"s{i:09d}" for i in range(start, stop)]
-
-        def same(value, type_=None):
-            return pa.array([value] * n, type_)
-        table = pa.table({
-            "key": keys, "version": same(0, pa.int32()), "created_at": created[:n],
-            "finish_reason": same("stop"), "completion_tokens": same(COMPLETION_TOKENS, pa.int32()),
-            "prompt_hash": [prompt_key(messages(i), None) for i in range(start, stop)],
-            "settings_hash": same(settings_hash),
-            "budget_history": same([budget], pa.list_(pa.int32())),
-            "retry_classes": same([], pa.list_(pa.string())), "category": same("chat"),
-            "finished_thinking": same(True), "prompt_tokens": same(PROMPT_IDS, pa.int32()),
-            "reasoning_tokens": same(40, pa.int32()), "max_new_tokens": same(budget, pa.int32()),
-            "effective_max_new_tokens": same(budget, pa.int32()), "budget_clamped_by": same(""),
-            "continuations": same(0, pa.int32()), "spec_verify_ct": same(40, pa.int64()),
-            "repetition_ratio": same(0.0), "latency_s": same(1.0),
-            "replica": same("bench-prefill"), "max_thinking_tokens": same(None, pa.int32()),
-            "sample": same(None, pa.int32())})
+        table = data_part(start, min(start + ROWS_PER_PART, held), cfg, settings_hash)
         name = part_name(row_ids("data", table))
         loc = store.loc("data", name)
         os.makedirs(os.path.dirname(loc.path), exist_ok=True)
