@@ -29,10 +29,10 @@ ROWS = 240
 APP = "raygen-owned"
 
 
-def _tree(tmp_path, s3_endpoint, rows, time_scale: float, name: str = "") -> dict:
+def _tree(tmp_path, s3_endpoint, rows, time_scale: float, name: str = "", **job) -> dict:
     return run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP, run_name=name,
                       engine={"simulator": {"time_scale": time_scale}},
-                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 20})
+                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 20, **job})
 
 
 def _driver(tree: dict, tmp_path, name: str) -> subprocess.Popen:
@@ -83,15 +83,19 @@ def test_a_redeploy_outside_raygen_stops_the_run_before_a_foreign_row(ray_cluste
 
     from serve_apps.app import build_app, deployed_engine_hash
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
-    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-c")
+    # Retried for minutes (400 tries, <= 1 s apart): A's rows outlast any rollout below.
+    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-c", retries={
+        "max_attempts": 400, "backoff_initial_s": 0.2, "backoff_max_s": 1.0})
     other = parse_config(_tree(tmp_path, s3_endpoint, rows, 0.03))
     hash_a = deployed_engine_hash(parse_config(tree_a).engine)
     a = _driver(tree_a, tmp_path, "c")
     try:
         _first_rows(store_of(tree_a))
-        # A's own engines slowed to a crawl: A cannot finish its rows while the rollout
-        # below takes its time (31 s on a loaded CI machine, where A once completed first)
-        set_faults(engine_urls(APP, 2), slow_rate=1.0, slow_factor=50.0)
+        # A's own engines answer every new request 503 (retried): no row A sends from now
+        # on completes on them, however long the rollout below takes (31 s on a loaded CI
+        # machine; slowing them, A once finished its last rows first). Every later row
+        # is answered by the other engine.
+        set_faults(engine_urls(APP, 2), error_rate=1.0, error_status=503)
         # What `serve deploy` / a RayService update does: no claim, just the new app.
         serve.run(build_app(other.engine, other.serve), name=APP, route_prefix=None)
         foreign = set(_replica_hashes(foreign_to=hash_a))
