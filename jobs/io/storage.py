@@ -17,7 +17,7 @@ import posixpath
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
@@ -130,21 +130,29 @@ class StorageFull(OSError):
         super().__init__(message)
 
 
-def storage_full(exc: Optional[BaseException]) -> Optional[str]:
-    """What filled up, if a full disk or quota is behind ``exc`` (also through Ray's task
-    errors, which carry the worker's exception as ``.cause``), else None."""
-    seen, plain = set(), None
+def exception_chain(exc: Optional[BaseException]) -> Iterator[BaseException]:
+    """``exc`` and what caused it, outermost first, each once: ``__cause__`` or
+    ``__context__``, and through Ray's task errors, which carry the worker's exception as
+    ``.cause`` (a RayTaskError(X) is an X saying Ray's text: the X is yielded instead)."""
+    seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         cause = getattr(exc, "cause", None)
-        if isinstance(cause, BaseException):  # a RayTaskError(X) is an X saying Ray's text
+        if isinstance(cause, BaseException):
             exc = cause
             continue
-        if isinstance(exc, StorageFull):
-            return str(exc).split("\n")[0]
-        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS and plain is None:
-            plain = f"[Errno {exc.errno}] {exc.strerror}"
+        yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def storage_full(exc: Optional[BaseException]) -> Optional[str]:
+    """What filled up, if a full disk or quota is behind ``exc``, else None."""
+    plain = None
+    for link in exception_chain(exc):
+        if isinstance(link, StorageFull):
+            return str(link).split("\n")[0]
+        if isinstance(link, OSError) and link.errno in FULL_ERRNOS and plain is None:
+            plain = f"[Errno {link.errno}] {link.strerror}"
     return plain
 
 

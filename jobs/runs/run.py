@@ -23,7 +23,7 @@ from jobs.config import RunConfig
 from jobs.io import index_compact
 from jobs.io.run_index import RunIndex, describe as describe_index
 from jobs.io.run_store import RunStore, UnknownRunFormat
-from jobs.io.storage import is_local, storage_full, write_json_atomic
+from jobs.io.storage import exception_chain, is_local, storage_full, write_json_atomic
 from jobs.pipeline import chain as pipeline
 from jobs.pipeline.retry import CircuitOpen
 from jobs.pipeline import warmup
@@ -51,17 +51,12 @@ class Summary:
 
 
 def find_cause(exc: BaseException, kind: type) -> Optional[BaseException]:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, kind):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    """The first ``kind`` in ``exc``'s chain (io.storage.exception_chain), else None."""
+    return next((link for link in exception_chain(exc) if isinstance(link, kind)), None)
 
 
 def summary_text(store: RunStore, index: RunIndex, snap: dict[str, Any],
-                 versions_as: str = "continued") -> str:
+                 versions_as: str = "continued", samples: int = 1) -> str:
     # a continued row counts once, as its latest version
     counts = sorted(index.finish_counts().items(), key=lambda kv: (-kv[1], str(kv[0])))
     mix = ", ".join(f"{r}={n}" for r, n in counts) or "none"  # most first: stable text
@@ -74,17 +69,17 @@ def summary_text(store: RunStore, index: RunIndex, snap: dict[str, Any],
            if snap.get("outside_input") else ""),
         f"  finish:    {mix}  (truncated {100 * snap['truncated_fraction']:.1f}%)",
         f"  tokens:    {snap['output_tokens']} output, mean {snap['mean_output_tokens']}",
-        f"  session:   {_session_rows(snap, versions_as)} in {snap['elapsed_s']} s; "
+        f"  session:   {_session_rows(snap, versions_as, samples)} in {snap['elapsed_s']} s; "
         f"{snap['session_rows'] / max(snap['elapsed_s'], 1e-9):.1f} rows/s, "
         f"{snap['session_output_tokens'] / max(snap['elapsed_s'], 1e-9):.0f} output tok/s",
         f"  progress:  {store.uri}/progress.json",
     ])
 
 
-def _session_rows(snap: dict[str, Any], versions_as: str = "continued") -> str:
-    """'N rows written' and what they were: new prompts (retried failures, keys lost to
-    damaged parts among them), new versions of held rows (continued or regenerated,
-    with the tokens that added)."""
+def _session_rows(snap: dict[str, Any], versions_as: str = "continued", samples: int = 1) -> str:
+    """'N rows written' and what they were: new prompts, or new samples of n-sample runs
+    (retried failures, keys lost to damaged parts among them), new versions of held rows
+    (continued or regenerated, with the tokens that added)."""
     rows = snap["session_rows"]
     new = snap.get("session_new_prompts", rows)
     versions = snap.get("session_new_versions", rows - new)
@@ -93,7 +88,8 @@ def _session_rows(snap: dict[str, Any], versions_as: str = "continued") -> str:
         among = [f"{n} {what}" for n, what in (
             (snap.get("session_retried_failures"), "retried failures"),
             (snap.get("session_regenerated_damaged"), "lost to damaged parts")) if n]
-        parts.append(f"{new} new prompts" + (f" ({', '.join(among)})" if among else ""))
+        what = f"new samples, {samples} per prompt" if samples > 1 else "new prompts"
+        parts.append(f"{new} {what}" + (f" ({', '.join(among)})" if among else ""))
     if versions:
         added = snap.get("session_tokens_added")
         parts.append(f"{versions} {versions_as}"
@@ -337,7 +333,7 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     if snap["failed"] and status == "succeeded":
         logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
                        snap["failed"], store.uri)
-    text = summary_text(store, progress.index, snap, versions_as)
+    text = summary_text(store, progress.index, snap, versions_as, cfg.job.samples_per_prompt)
     if engine_idle is not None:
         text += "\n" + describe_idle(snap.get("engine_idle_gpu_s"))
     if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:

@@ -7,6 +7,7 @@ row per (key, sample) and export one record per (key, sample) with its sample.""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 
@@ -65,6 +66,9 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
     assert first.returncode == -signal.SIGKILL, "the kill should land mid-run"
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # the resume's summary counts (key, sample) rows as samples, not as prompts
+    assert re.search(rf"(\d+) rows written: \1 new samples, {SAMPLES} per prompt",
+                     resumed.stdout + resumed.stderr), resumed.stdout[-2000:]
     print(f"killed with {killed_with} of {PROMPTS * SAMPLES} (key, sample) rows durable")
     data = _assert_every_sample_once(tree)
     progress = store.read_json("progress.json")

@@ -10,7 +10,8 @@ import pickle
 import pytest
 
 from jobs.io import storage
-from jobs.io.storage import StorageFull, storage_full, write_local_durably
+from jobs.io.storage import StorageFull, exception_chain, storage_full, write_local_durably
+from jobs.runs.run import find_cause
 
 
 def _failing_write(code: int):
@@ -70,3 +71,27 @@ def test_storage_full_is_found_through_wrappers_and_pickling():
         cause = OSError(errno.EDQUOT, "Disk quota exceeded")
     assert storage_full(TaskError("ray::Write()")) == "[Errno 122] Disk quota exceeded"
     assert storage_full(ValueError("no")) is None
+
+
+def test_the_exception_chain_is_walked_once_through_ray_task_errors():
+    class Breaker(Exception):
+        pass
+
+    class TaskError(Breaker):  # RayTaskError(Breaker): a Breaker saying Ray's text
+        cause = Breaker("too many failures")
+
+    try:
+        try:
+            raise TaskError("ray::GenerateRows() traceback ...")
+        except TaskError as inner:
+            raise RuntimeError("dataset failed") from inner
+    except RuntimeError as exc:
+        outer = exc
+    assert [type(e) for e in exception_chain(outer)] == [RuntimeError, Breaker]
+    assert str(find_cause(outer, Breaker)) == "too many failures"  # the worker's own text
+    assert find_cause(outer, KeyError) is None
+
+    loop = ValueError("a")  # a cycle ends the walk instead of looping
+    loop.__context__ = KeyError("b")
+    loop.__context__.__context__ = loop
+    assert [type(e) for e in exception_chain(loop)] == [ValueError, KeyError]

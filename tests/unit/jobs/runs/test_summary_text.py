@@ -27,3 +27,9 @@ def test_both_and_none():
     assert _session_rows({"session_rows": 7, "session_new_prompts": 2}) == \
         "7 rows written: 2 new prompts, 5 continued"
     assert _session_rows({"session_rows": 0, "session_new_prompts": 0}) == "0 rows written"
+
+
+def test_an_n_sample_session_counts_samples_not_prompts():
+    snap = {"session_rows": 400, "session_new_prompts": 400, "session_retried_failures": 2}
+    assert _session_rows(snap, samples=4) == \
+        "400 rows written: 400 new samples, 4 per prompt (2 retried failures)"
