@@ -202,8 +202,9 @@ class _EngineBase(StrictModel):
         600.0, gt=0, description="Each replica sends the canary (serve_apps/canary.py: a few "
         "fixed prompts at temperature 0) to its engine once it is up and then every this many "
         "seconds; one whose outputs differ from those more than half of the app's live replicas "
-        "agree on drains as over drain_flagged_fraction (two replicas that disagree are a tie: "
-        "logged, no drain). None = no canary.")
+        "agree on sends it again at once and, if they still differ, drains as over "
+        "drain_flagged_fraction (two replicas that disagree are a tie: logged, no drain). "
+        "None = no canary.")
     canary_max_new_tokens: int = Field(
         16, ge=1, le=256, description="Output tokens per canary prompt (greedy, so short "
         "outputs suffice to tell engines apart).")

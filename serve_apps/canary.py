@@ -10,6 +10,9 @@ digest differs from one that more than half of the live replicas report is in th
 minority: it drains as one over ``engine.drain_flagged_fraction`` (serve_apps/
 output_watch.py). Two replicas that disagree are a tie: nobody can tell which is wrong,
 so it is logged and nothing drains (draining the sound one would restart it forever).
+A minority replica sends the canary again at once and drains only if it is still in
+the minority (``CONFIRM_ROUNDS``): a greedy output that flipped with its batch's
+numerics costs one more round, not a restart.
 A report expires after ``REPORT_TTL_INTERVALS`` intervals: a replaced replica stops
 counting. Rounds in which the engine fails a prompt report nothing.
 """
@@ -30,6 +33,7 @@ logger = logging.getLogger("ray.serve")
 NAMESPACE = "raygen"
 ACTOR_NAME = "raygen-canary"
 REPORT_TTL_INTERVALS = 3
+CONFIRM_ROUNDS = 2  # a replica drains when it is in the minority this many rounds in a row
 PROMPTS = (
     "Count from one to ten in words.",
     "What is 17 times 23? Show the steps.",

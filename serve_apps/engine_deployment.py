@@ -139,17 +139,27 @@ class EngineReplica:
             self._canary_task = asyncio.get_running_loop().create_task(self._canary_loop())
 
     async def canary_round(self) -> Optional[str]:
-        """Send the canary, report its digest; drains when the board says it diverges."""
-        results = [await self.generator.generate(r)
-                   for r in canary.requests(self.cfg.canary_max_new_tokens)]
-        self.canary_digest = canary.digest(results)
-        if self.canary_digest is None or self.watch.drain:
-            return None
-        why = await self.canary_board.report(
-            f"{_app_name()}:{self.config_hash}", self.replica_id, self.canary_digest,
-            canary.REPORT_TTL_INTERVALS * self.cfg.canary_interval_s)
-        if why:
-            self.watch.drain_now(why, list(self._inflight_keys))
+        """Send the canary, report its digest; drains when the board says it diverges
+        twice in a row: on a GPU, greedy outputs can flip with the batch they are decoded
+        in (kernels are not batch-invariant), and a busy engine's batch changes within
+        seconds, while a broken engine stays broken. One flip costs a second round, not
+        an engine restart and its window's rows."""
+        why = None
+        for _ in range(canary.CONFIRM_ROUNDS):
+            results = [await self.generator.generate(r)
+                       for r in canary.requests(self.cfg.canary_max_new_tokens)]
+            self.canary_digest = canary.digest(results)
+            if self.canary_digest is None or self.watch.drain:
+                return None
+            why = await self.canary_board.report(
+                f"{_app_name()}:{self.config_hash}", self.replica_id, self.canary_digest,
+                canary.REPORT_TTL_INTERVALS * self.cfg.canary_interval_s)
+            if not why:
+                return None
+            logger.warning("canary of replica %s differs from its fleet's (%s)",
+                           self.replica_id, self.canary_digest)
+        self.watch.drain_now(f"{why} ({canary.CONFIRM_ROUNDS} rounds in a row)",
+                             list(self._inflight_keys))
         return why
 
     async def _canary_loop(self) -> None:

@@ -7,11 +7,13 @@ typed EngineErrors); what the replica does with those answers is the real code.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, Optional
 
 import pytest
 
 from contract.config import SimulatorEngineConfig
+from serve_apps.canary import PROMPTS
 from serve_apps.engine_client import EngineOutput
 from serve_apps.engine_deployment import EngineReplica
 from contract.outcomes import EngineBadRequest, EngineDead, EngineUnavailable, route
@@ -235,8 +237,35 @@ def test_a_replica_whose_canary_differs_from_the_others_drains():
     for r in replicas + replicas[:1]:
         asyncio.run(r.canary_round())
     assert "canary outputs" in (replicas[0].watch.drained or "")
+    assert "(2 rounds in a row)" in replicas[0].watch.drained
     assert [r.watch.drained for r in replicas[1:]] == [None, None]
     with pytest.raises(EngineDead, match="canary"):
         asyncio.run(replicas[0].check_health())
     info = asyncio.run(replicas[1].info())
     assert info["drained"] is None and info["canary_digest"] == replicas[2].canary_digest
+
+
+def test_a_canary_that_differs_once_is_sent_again_and_does_not_drain():
+    """A greedy output that flipped with its batch (GPU kernels are not batch-invariant)
+    agrees again on the immediate second round: no drain, no restart."""
+    board = LocalBoard()
+    replicas = [EngineReplica(SimulatorEngineConfig(kind="simulator", context_length=4096),
+                              backend=FakeBackend, canary_board=lambda: board) for _ in range(3)]
+    for i, r in enumerate(replicas):
+        r.replica_id = f"r{i}"
+        asyncio.run(r.canary_round())
+    flaky = replicas[0].client
+    sent = []
+    real_generate = flaky.generate
+
+    async def flips_once(ids, sampling, rid, require_reasoning=True):
+        sent.append(rid)
+        out = await real_generate(ids, sampling, rid, require_reasoning)
+        if len(sent) == 1:  # the first canary prompt of the round comes out different
+            return dataclasses.replace(out, output_ids=out.output_ids[::-1])
+        return out
+    flaky.generate = flips_once
+    assert asyncio.run(replicas[0].canary_round()) is None
+    assert len(sent) == 2 * len(PROMPTS)  # the round, then its confirmation
+    assert replicas[0].watch.drained is None
+    assert replicas[0].canary_digest == replicas[1].canary_digest
