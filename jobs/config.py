@@ -65,6 +65,12 @@ class BreakerConfig(StrictModel):
         0.8, gt=0, le=1, description="One non-transient error class (e.g. a 400 for an unknown "
         "sampling key, a 404 for a wrong endpoint, a replica bug) above this fraction of the "
         "window stops the job as failed: the run is misconfigured.")
+    max_flagged_fraction: Optional[float] = Field(
+        0.5, gt=0, le=1, description="Data rows with integrity flags (contract/integrity.py) "
+        "above this fraction of the window on each of at least two replicas, a majority of "
+        "those in the window, stop the job as failed: outputs broken on every engine are the "
+        "run's settings (a drain, which fixes one engine, would restart them all over and "
+        "over). None = never.")
 
     @model_validator(mode="after")
     def _window_holds_min_rows(self) -> "BreakerConfig":

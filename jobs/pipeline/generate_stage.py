@@ -52,7 +52,10 @@ class GenerateRows:
         self.sender = RowSender(handle, stage.inflight_rows_per_actor, stage.rows_per_call,
                                 stage.call_linger_s, stage.call_timeout_s)
         self.retries = stage.retries
-        self.breaker = Breaker(**stage.breaker.model_dump())
+        breaker = stage.breaker.model_dump()
+        if stage.regenerate:  # its rows were chosen for their flags: no fleet-wide verdict
+            breaker["max_flagged_fraction"] = None
+        self.breaker = Breaker(**breaker)
         self.category_label = CategoryCap(stage.metrics_category_limit)
         self.integrity = IntegrityCounters(stage.run, stage.model)
 
@@ -115,6 +118,7 @@ class GenerateRows:
                     await self._record_drain(result.drained)
                 out = self._data_row(row, result, attempt)
                 self.integrity.record(result.replica, out["integrity_flags"])
+                self.breaker.record_output(result.replica, out["integrity_flags"], row["key"])
                 return dict(out, retry_classes=retried)
             if retryable and attempt < self.retries.max_attempts:
                 retried.append(error_class)

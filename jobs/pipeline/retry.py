@@ -12,6 +12,14 @@ window (the fleet is down), or one non-transient error class (a 400 for every ro
 an unknown sampling key, a wrong endpoint; a replica bug) exceeds
 ``max_same_error_fraction`` (the run is misconfigured). A context overflow is the
 row's own fault and never counts. Each outcome class says which count it feeds.
+
+It also stops the job when outputs are broken across the fleet, not on one engine:
+more than ``max_flagged_fraction`` of the window's data rows carry integrity flags
+(contract/integrity.py) on each of at least two replicas, a majority of those seen.
+One broken replica drains and is replaced (serve_apps/output_watch.py); when its
+replacement or its peers are as broken, a drain cannot help (a non-thinking model with
+a thinking run's settings flags every row missing_think_end) and every replica would
+restart over and over, each restart minutes of GPU time, for rows export leaves out.
 """
 
 from __future__ import annotations
@@ -46,6 +54,10 @@ class CircuitOpen(RuntimeError):
 
 class SystematicErrors(CircuitOpen):
     """One non-transient error class dominates the window: the run is misconfigured."""
+
+
+class FlaggedEverywhere(CircuitOpen):
+    """Most outputs of most replicas are flagged: the cause is the run, not an engine."""
 
 
 class ForeignEngine(CircuitOpen):
@@ -83,14 +95,54 @@ def backoff_s(attempt: int, initial_s: float, max_s: float) -> float:
     return random.uniform(0, min(max_s, initial_s * (2 ** (attempt - 1))))
 
 
+# A replica's flagged share is judged once it has this many data rows in the window.
+FLAG_MIN_ROWS_PER_REPLICA = 10
+
+
 class Breaker:
     def __init__(self, window_rows: int, min_rows: int, max_failure_fraction: float,
-                 max_same_error_fraction: float = 0.8):
+                 max_same_error_fraction: float = 0.8,
+                 max_flagged_fraction: Optional[float] = None):
         self.window: collections.deque[bool] = collections.deque(maxlen=window_rows)
         self.classes: collections.deque[Optional[str]] = collections.deque(maxlen=window_rows)
         self.examples: dict[str, str] = {}  # class -> its latest message, for the verdict
         self.min_rows, self.max_fraction = min_rows, max_failure_fraction
         self.max_same = max_same_error_fraction
+        self.max_flagged = max_flagged_fraction
+        # (replica, flags, key) of the latest data rows
+        self.outputs: collections.deque[tuple[str, tuple[str, ...], str]] = \
+            collections.deque(maxlen=window_rows)
+
+    def record_output(self, replica: str, flags: list[str], key: str = "") -> None:
+        """One data row and its integrity flags; raises FlaggedEverywhere (see above)."""
+        if self.max_flagged is None:
+            return
+        self.outputs.append((replica or "?", tuple(flags), key))
+        if len(self.outputs) < self.min_rows or not flags:
+            return
+        rows: collections.Counter = collections.Counter()
+        flagged: collections.Counter = collections.Counter()
+        for rep, row_flags, _ in self.outputs:
+            rows[rep] += 1
+            flagged[rep] += bool(row_flags)
+        judged = [r for r, n in rows.items() if n >= FLAG_MIN_ROWS_PER_REPLICA]
+        over = [r for r in judged if flagged[r] / rows[r] > self.max_flagged]
+        if len(over) < 2 or 2 * len(over) <= len(judged):
+            return
+        kinds = collections.Counter(f for _, row_flags, _ in self.outputs for f in row_flags)
+        example = next(k for _, row_flags, k in reversed(self.outputs) if row_flags)
+        raise FlaggedEverywhere(
+            f"{sum(flagged.values())} of the last {len(self.outputs)} rows are flagged by the "
+            f"integrity guard, more than job.breaker.max_flagged_fraction "
+            f"{self.max_flagged:.0%} on {len(over)} of the {len(judged)} replicas that "
+            f"produced them ({', '.join(f'{f} {n}' for f, n in kinds.most_common())}; e.g. "
+            f"key {example!r}). Outputs broken on every engine are the run's settings, not "
+            f"one engine (draining would restart them all, over and over): a non-thinking "
+            f"model flags every row missing_think_end (raygen's runs are thinking runs: "
+            f"engine.think_end_token, the chat template), loops point at sampling "
+            f"(temperature 0 on a thinking model) or the engine version. Rows already "
+            f"written are kept; rerun the same command once fixed, and --regenerate-flagged "
+            f"sends the flagged ones again.")
 
     def record(self, engine_failure: bool, error_class: Optional[str] = None,
                message: str = "") -> None:

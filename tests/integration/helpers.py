@@ -68,6 +68,11 @@ def sglang_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, model_pat
     engine = sglang_cpu.engine_section(model_path, **sections.pop("engine", {}))
     sections["job"] = _merge({"max_new_tokens": 64, "sampling": {"temperature": 0.0}},
                              sections.get("job", {}))
+    # A busy real engine on a loaded 2-core machine answers /health in seconds, not the
+    # simulator's milliseconds: at the simulator tier's 5 s, Serve once replaced the sound
+    # engine of the pool while the other was being replaced (both down for 4.5 min). A
+    # dead engine is still found at once (check_health sees its process gone).
+    sections["serve"] = _merge({"health_check_timeout_s": 30}, sections.get("serve", {}))
     tree = run_config(tmp_path, s3_endpoint, rows_file=rows_file, app_name=sglang_cpu.APP,
                       **sections)
     tree["engine"] = engine

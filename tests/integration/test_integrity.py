@@ -88,6 +88,42 @@ def test_a_replica_returning_broken_outputs_is_flagged_drained_and_its_rows_rege
           f"and replaced), exported {len(exported)}, {len(redone)} regenerated")
 
 
+def test_outputs_broken_on_every_engine_stop_the_run_instead_of_draining_them_all(
+        ray_cluster, s3_endpoint, tmp_path, capsys):
+    """Both engines break every output (drains off, as when the cause is the run's own
+    settings, which a drain cannot fix): the breaker stops the session after its window
+    (job.breaker.min_rows) with the flags and the fix, keeps the rows written, releases
+    the lease; with the engines sound again the rerun completes."""
+    from ray import serve
+    app, n = "raygen-flagged", 160
+    rows = write_prompts(tmp_path / "p.jsonl", n)
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=app,
+                      engine={"drain_flagged_fraction": None},
+                      job={"rows_per_file": 16, "batch_size": 8})
+    cfg = write_yaml(tmp_path / "flagged.yaml", tree)
+    deploy(tree)
+    urls = [i["engine_url"] for i in replica_infos(app, 2).values()]
+    try:
+        set_faults(urls, broken_output="token_loop")
+        code = generate.main(["--config", str(cfg)])
+    finally:
+        set_faults(urls, broken_output="")
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "job.breaker.max_flagged_fraction 50% on 2 of the 2 replicas" in err, err[-2000:]
+    assert "token_run" in err and "non-thinking model" in err  # what and the fix
+    store = store_of(tree)
+    assert store.read_json("progress.json")["status"] == "failed"
+    assert store.read_json("lease.json") is None
+    held = read(tree, "data")
+    assert len(held) < n and all("token_run" in list(f) for f in held["integrity_flags"])
+    assert generate.main(["--config", str(cfg)]) == 0  # sound engines: the rest, exact
+    after = read(tree, "data")
+    assert len(after) == n and after["key"].is_unique
+    print(f"\nstopped with {len(held)} flagged rows of {n} durable; the rerun wrote the rest")
+    serve.delete(app)
+
+
 def test_a_replica_whose_greedy_outputs_drift_is_caught_by_the_canary(ray_cluster, s3_endpoint,
                                                                       tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 4)

@@ -9,8 +9,8 @@ import pytest
 
 from ray.exceptions import ActorDiedError, RayTaskError
 
-from jobs.pipeline.retry import (Breaker, CircuitOpen, SystematicErrors, backoff_s, is_replica_bug,
-                        replica_error_class)
+from jobs.pipeline.retry import (Breaker, CircuitOpen, FlaggedEverywhere, SystematicErrors,
+                                 backoff_s, is_replica_bug, replica_error_class)
 from jobs.pipeline.rows import repetition_ratio
 
 
@@ -54,6 +54,52 @@ def test_breaker_old_failures_slide_out():
     assert list(breaker.window) == [False] * 5 + [True] * 5
     with pytest.raises(CircuitOpen, match="6 of the last 10 rows"):
         breaker.record(True)     # the breaker still judges: 6 of 10 > 50%
+
+
+def _flag_breaker(fraction=0.5) -> Breaker:
+    return Breaker(window_rows=200, min_rows=50, max_failure_fraction=0.5,
+                   max_flagged_fraction=fraction)
+
+
+def _outputs(breaker, replicas, broken, n):
+    """n data rows round-robin over ``replicas``; those in ``broken`` flagged."""
+    for i in range(n):
+        rep = replicas[i % len(replicas)]
+        breaker.record_output(rep, ["missing_think_end"] if rep in broken else [], f"k{i}")
+
+
+def test_one_broken_replica_of_two_or_eight_drains_and_never_stops_the_job():
+    for replicas in (["a", "b"], [f"r{i}" for i in range(8)]):
+        breaker = _flag_breaker()
+        _outputs(breaker, replicas, {replicas[0]}, 1000)  # half the rows of two: not a verdict
+    # a lone replica broken, then its replacement sound: a drain fixed it
+    breaker = _flag_breaker()
+    _outputs(breaker, ["old"], {"old"}, 64)
+    _outputs(breaker, ["new"], set(), 500)
+
+
+def test_outputs_broken_on_every_replica_stop_the_job_naming_the_flags_and_the_fix():
+    breaker = _flag_breaker()
+    with pytest.raises(FlaggedEverywhere) as info:
+        _outputs(breaker, ["a", "b", "c"], {"a", "b", "c"}, 200)
+    message = str(info.value)
+    assert "50 of the last 50 rows are flagged" in message  # at min_rows, not later
+    assert "on 3 of the 3 replicas" in message and "missing_think_end 50" in message
+    assert "non-thinking model" in message and "key 'k49'" in message
+    assert isinstance(info.value, CircuitOpen)  # the run reports it as the breaker's
+
+
+def test_a_lone_replica_and_its_replacement_both_broken_stop_the_job():
+    breaker = _flag_breaker()
+    _outputs(breaker, ["old"], {"old"}, 64)  # one replica: its drain may fix it
+    with pytest.raises(FlaggedEverywhere, match="on 2 of the 2 replicas"):
+        _outputs(breaker, ["new"], {"new"}, 20)
+
+
+def test_a_minority_of_broken_replicas_or_the_guard_turned_off_never_stops():
+    breaker = _flag_breaker()
+    _outputs(breaker, ["a", "b", "c", "d"], {"a", "b"}, 1000)  # 2 of 4: not a majority
+    _outputs(_flag_breaker(None), ["a", "b"], {"a", "b"}, 1000)
 
 
 def test_breaker_message_tells_what_to_do():
