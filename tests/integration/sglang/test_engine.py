@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from serve_apps.engine_client import KEEPALIVE_S, EngineClient
+from tests.integration.helpers import replica_infos
 from tests.support import sglang_cpu
 
 pytestmark = [pytest.mark.integration]
@@ -69,3 +70,12 @@ def test_the_engines_own_log_reaches_the_replica_log(sglang_pool):
                     for p in logs.glob(f"replica_{sglang_cpu.APP}_*.log")]
     assert sum("The server is fired up and ready to roll!" in text for text in replica_logs) >= 2
     assert any("sglang.launch_server" in text for text in replica_logs)  # the launch line
+
+
+def test_the_canary_runs_on_the_real_engines_and_their_greedy_outputs_agree(sglang_pool):
+    """Each replica sends the canary to its SGLang engine when it starts: SGLang accepts
+    its requests (a 400 would leave no digest) and two sound engines agree, so neither is
+    in a minority (serve_apps/canary.py)."""
+    infos = replica_infos(sglang_cpu.APP, 2, 120, where=lambda i: i["canary_digest"])
+    assert len({i["canary_digest"] for i in infos.values()}) == 1, infos
+    assert not any(i["drained"] for i in infos.values())
