@@ -70,7 +70,8 @@ class BreakerConfig(StrictModel):
         "above this fraction of the window on each of at least two replicas, a majority of "
         "those in the window, stop the job as failed: outputs broken on every engine are the "
         "run's settings (a drain, which fixes one engine, would restart them all over and "
-        "over). None = never.")
+        "over). Not judged in regenerate and continue sessions (rows chosen by their earlier "
+        "output). None = never.")
 
     @model_validator(mode="after")
     def _window_holds_min_rows(self) -> "BreakerConfig":

@@ -43,6 +43,17 @@ from jobs.io.run_store import RunStore
 from jobs.io.samples import SEED_FIELD
 
 
+def stage_breaker(stage: StageSettings) -> Breaker:
+    """The session's breaker (jobs.pipeline.retry): job.breaker, without the fleet-wide
+    flags verdict for rows chosen by their earlier output (regenerate: flagged or
+    condemned; continue: cut at the budget, where loops gather), whose flag rate says
+    nothing about the fleet."""
+    settings = stage.breaker.model_dump()
+    if stage.regenerate or stage.continue_to:
+        settings["max_flagged_fraction"] = None
+    return Breaker(**settings)
+
+
 class GenerateRows:
     def __init__(self, app_name: str, deployment_name: str, stage: StageSettings,
                  run_store: Optional[RunStore] = None):
@@ -52,10 +63,7 @@ class GenerateRows:
         self.sender = RowSender(handle, stage.inflight_rows_per_actor, stage.rows_per_call,
                                 stage.call_linger_s, stage.call_timeout_s)
         self.retries = stage.retries
-        breaker = stage.breaker.model_dump()
-        if stage.regenerate:  # its rows were chosen for their flags: no fleet-wide verdict
-            breaker["max_flagged_fraction"] = None
-        self.breaker = Breaker(**breaker)
+        self.breaker = stage_breaker(stage)
         self.category_label = CategoryCap(stage.metrics_category_limit)
         self.integrity = IntegrityCounters(stage.run, stage.model)
 

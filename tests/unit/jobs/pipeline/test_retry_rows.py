@@ -102,6 +102,17 @@ def test_a_minority_of_broken_replicas_or_the_guard_turned_off_never_stops():
     _outputs(_flag_breaker(None), ["a", "b"], {"a", "b"}, 1000)
 
 
+def test_sessions_of_rows_chosen_by_their_output_get_no_fleet_wide_flags_verdict():
+    from jobs.config import BreakerConfig
+    from jobs.pipeline.generate_stage import stage_breaker
+    plain = SimpleNamespace(breaker=BreakerConfig(), regenerate=False, continue_to=None)
+    assert stage_breaker(plain).max_flagged == 0.5
+    for chosen in (dict(regenerate=True), dict(continue_to=8192)):
+        breaker = stage_breaker(SimpleNamespace(**{**vars(plain), **chosen}))
+        assert breaker.max_flagged is None
+        _outputs(breaker, ["a", "b"], {"a", "b"}, 500)  # loops gather there: no verdict
+
+
 def test_breaker_message_tells_what_to_do():
     breaker = Breaker(window_rows=4, min_rows=4, max_failure_fraction=0.5)
     for failure in (True, True, True):
