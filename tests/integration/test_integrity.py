@@ -17,8 +17,8 @@ import pytest
 from jobs import cli, generate
 from jobs.io.condemned import read_records
 from jobs.io.run_index import latest_rows
-from tests.integration.helpers import (deploy, read, replica_infos, run, run_config, set_faults,
-                                       store_of, write_prompts, write_yaml)
+from tests.integration.helpers import (deploy, engine_urls, read, replica_infos, run, run_config,
+                                       set_faults, store_of, write_prompts, write_yaml)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -102,7 +102,7 @@ def test_outputs_broken_on_every_engine_stop_the_run_instead_of_draining_them_al
                       job={"rows_per_file": 16, "batch_size": 8})
     cfg = write_yaml(tmp_path / "flagged.yaml", tree)
     deploy(tree)
-    urls = [i["engine_url"] for i in replica_infos(app, 2).values()]
+    urls = engine_urls(app, 2)
     try:
         set_faults(urls, broken_output="token_loop")
         code = generate.main(["--config", str(cfg)])
