@@ -30,6 +30,25 @@ LIGHT_CPU = 0.1
 LIGHT_TASKS = 2
 
 
+# Ray Data's default block count for a read (DataContext.read_op_min_num_blocks).
+MAX_READ_BLOCKS = 200
+
+
+def read_blocks(rows: Optional[int], files: int, batch_size: int) -> Optional[int]:
+    """How many blocks the read makes (``override_num_blocks``): one per generate batch,
+    never more than Ray Data's default nor fewer than one per file; None (Ray Data's
+    default) when the row count is not known.
+
+    Ray Data merges what a read task yields into one block and, with no count given,
+    splits it into 200: a 240-row session then validated and admitted its prompts in
+    ~200 one-row tasks (~10 ms of CPU each across driver, raylet and worker, and a busier
+    scheduling loop). Beyond 200 batches this is the default again."""
+    if rows is None:
+        return None
+    batches = -(-rows // batch_size)
+    return max(files, min(batches, MAX_READ_BLOCKS))
+
+
 def light_tasks() -> ray.data.TaskPoolStrategy:
     """At most LIGHT_TASKS tasks of a light map stage at once (``compute=``: Ray 2.51+
     deprecates ``concurrency=`` on map stages; reads and writes still take it)."""
@@ -42,13 +61,16 @@ def actor_pool(min_actors: int, max_actors: int) -> ray.data.ActorPoolStrategy:
 
 
 def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSettings,
-          only: Optional[list] = None) -> ray.data.Dataset:
+          only: Optional[list] = None, rows: Optional[int] = None) -> ray.data.Dataset:
     """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py);
-    ``only``: [ObjectRef of its sorted ordinals]: the read skips every other line."""
+    ``only``: [ObjectRef of its sorted ordinals]: the read skips every other line;
+    ``rows``: how many lines the read passes on (sizes its blocks: read_blocks)."""
     job = cfg.job
+    blocks = read_blocks(rows, len(inputs), job.batch_size)
     ds = ray.data.read_datasource(PromptFiles(inputs, job.limit, job.batch_size, only,
                                               job.max_line_bytes),
-                                  num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS)
+                                  num_cpus=LIGHT_CPU, concurrency=LIGHT_TASKS,
+                                  **({} if blocks is None else {"override_num_blocks": blocks}))
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
                         num_cpus=LIGHT_CPU, compute=light_tasks())
     ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,

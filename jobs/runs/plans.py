@@ -160,8 +160,8 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], inde
         for part in reject_parts:
             write(part)
         table = [ray.put(admission.table)]  # in a list: each admit task fetches it once
-        only = [ray.put(np.unique(admission.table.ordinals))]  # n > 1: repeated
-        return pipeline.build(cfg, inputs, table, stage, only)
+        lines = np.unique(admission.table.ordinals)  # n > 1: repeated
+        return pipeline.build(cfg, inputs, table, stage, [ray.put(lines)], rows=len(lines))
     return Plan(sample_total(admission), expect_all=True, build=build,
                 counts=InputCounts.of(admission))
 
