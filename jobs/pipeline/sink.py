@@ -1,7 +1,9 @@
 """Write stage output to the run prefix (stage 5 of the job): a Ray Data Datasink.
 
-Each write call gets ~``rows_per_file`` rows, splits them by ``_kind`` and writes one
-immutable, atomically-written Parquet file per kind, named by a hash of its row ids
+Each write call gets at least ``rows_per_file`` rows (Ray Data bundles blocks up to it; a
+block larger than that arrives whole), splits them by ``_kind``, cuts each kind into
+even parts of at most ``rows_per_file`` rows (``slices``) and writes each as one immutable,
+atomically-written Parquet file, named by a hash of its row ids
 (run_index.row_ids), then the part's sidecar (jobs/io/part_summary.py) for the run index.
 Data first, nothing after: a row is done exactly when its file exists, which is what
 resume and progress read; ``write_part`` reads each part back (footer, row count) before
@@ -19,6 +21,21 @@ from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
 from jobs.config import StorageConfig
+
+
+def slices(rows: int, rows_per_file: int) -> list[tuple[int, int]]:
+    """(offset, length) of the parts ``rows`` rows are written as: as few parts as hold at
+    most ``rows_per_file`` rows each (as finalize cuts them), sizes differing by at most one.
+    A large block (a long generate batch, few read blocks) then still lands as parts of
+    ~rows_per_file rows, as the setting says, and a retry cuts the same rows the same way."""
+    count = max(1, -(-rows // rows_per_file))
+    size, extra = divmod(rows, count)
+    out, offset = [], 0
+    for i in range(count):
+        length = size + (1 if i < extra else 0)
+        out.append((offset, length))
+        offset += length
+    return out
 
 
 class RunSink(Datasink):
@@ -41,7 +58,8 @@ class RunSink(Datasink):
         table = pa.concat_tables(tables)
         for kind in written:
             part = table.filter(pc.equal(table.column("_kind"), kind))
-            if part.num_rows:
-                store.write_part(kind, part, row_ids(kind, part))
-                written[kind] = part.num_rows
+            for offset, length in slices(part.num_rows, self._rows_per_file) if part.num_rows else []:
+                piece = part.slice(offset, length)
+                store.write_part(kind, piece, row_ids(kind, piece))
+                written[kind] += length
         return written
