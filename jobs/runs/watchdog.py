@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 logger = logging.getLogger("raygen")
 INFO_TIMEOUT_S = 10.0   # a replica that cannot answer its info call in this long is stuck
 INFO_CALLS = 8          # info calls spread over the replicas (Serve's router picks)
+TASK_LIST_LIMIT = 1000  # pending tasks listed (the state API's default, 100, may miss the stuck one)
 
 
 class Watchdog:
@@ -64,12 +65,15 @@ def oldest_tasks(limit: int = 3) -> str:
     job = ray.get_runtime_context().get_job_id()
     tasks = []
     try:
-        # A stopped worker never acknowledges the tasks handed to it: they stay
-        # SUBMITTED_TO_WORKER, while the one it was running stays RUNNING.
-        for state in ("RUNNING", "SUBMITTED_TO_WORKER"):
-            tasks += list_tasks(filters=[("state", "=", state), ("job_id", "=", job)],
-                                detail=True, raise_on_missing_output=False,
-                                timeout=INFO_TIMEOUT_S)
+        # Every task not yet ended (GCS filters them): a stopped worker never acknowledges
+        # the tasks handed to it, and never reports the one it was running, so their
+        # last reported state may be any of the pending ones (SUBMITTED_TO_WORKER, an
+        # actor task's PENDING_ACTOR_TASK_*, RUNNING); a test once saw none of the two
+        # it used to ask for.
+        tasks += list_tasks(filters=[("job_id", "=", job), ("state", "!=", "FINISHED"),
+                                     ("state", "!=", "FAILED")],
+                            detail=True, raise_on_missing_output=False,
+                            limit=TASK_LIST_LIMIT, timeout=INFO_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - no dashboard: say so, keep the rest
         return f"(Ray's task list is not available: {type(exc).__name__})"
     now_ms = time.time() * 1000
