@@ -46,3 +46,32 @@ def pytest_xdist_make_scheduler(config, log):
             return scope_of(nodeid)
 
     return FixtureScopeScheduling(config, log)
+
+
+# The time budget (tests/support/budget.py): every finished phase is added to its module
+# on the process that reports (xdist's controller, or the single process), and the run
+# ends with each tier against its budget and the modules over theirs.
+_TIMES = None
+
+
+def pytest_configure(config):
+    global _TIMES
+    if not hasattr(config, "workerinput"):  # an xdist worker's reports reach the controller
+        from tests.support.budget import ModuleTimes
+        _TIMES = ModuleTimes()
+
+
+def pytest_runtest_logreport(report):
+    if _TIMES is not None:
+        _TIMES.add(report.nodeid, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _TIMES is None or not _TIMES.times:
+        return
+    from tests.support.budget import report
+    terminalreporter.section("time budget (module sums, tests/support/budget.py)")
+    for line in report(_TIMES.times):
+        terminalreporter.write_line(line)
+    if os.environ.get("RAYGEN_TEST_TIMES"):
+        _TIMES.write(Path(os.environ["RAYGEN_TEST_TIMES"]))
