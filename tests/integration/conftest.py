@@ -63,3 +63,33 @@ def ray_cluster(s3_endpoint, tmp_path_factory):
     from ray import serve
     serve.shutdown()
     ray.shutdown()
+
+
+# Serve apps that tests of many modules share (one deploy per xdist worker). Any other app
+# a module deploys is deleted when the module is done: an idle app's replicas and engines
+# still poll each other (health checks, the metrics relay), and on this 2-core machine a
+# dozen of them left running took a few tenths of a core from every later test.
+SHARED_APPS = frozenset({"raygen-test", "raygen-slow", "raygen-sglang"})
+
+
+def _serve_apps() -> set[str]:
+    import ray
+    if not ray.is_initialized():
+        return set()
+    from ray import serve
+    try:
+        return set(serve.status().applications)
+    except Exception:  # noqa: BLE001 - no Serve yet, or a cluster of the test's own
+        return set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def delete_the_modules_serve_apps():
+    before = _serve_apps()
+    yield
+    from ray import serve
+    for name in _serve_apps() - before - SHARED_APPS:
+        try:  # not blocking: the controller stops the replicas while the next test runs
+            serve.delete(name, _blocking=False)
+        except Exception:  # noqa: BLE001 - a cleanup, never a test failure
+            pass

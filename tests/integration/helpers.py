@@ -3,13 +3,15 @@ in-process, read a run back, reach the engines behind a Serve app."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import yaml
@@ -71,8 +73,10 @@ def sglang_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, model_pat
     # A busy real engine on a loaded 2-core machine answers /health in seconds, not the
     # simulator's milliseconds: at the simulator tier's 5 s, Serve once replaced the sound
     # engine of the pool while the other was being replaced (both down for 4.5 min). A
-    # dead engine is still found at once (check_health sees its process gone).
-    sections["serve"] = _merge({"health_check_timeout_s": 30}, sections.get("serve", {}))
+    # dead engine is still found at once (check_health sees its process gone). Every
+    # check of a real engine is a generation (SGLang's /health): every 2 s, not 1 s.
+    sections["serve"] = _merge({"health_check_timeout_s": 30, "health_check_period_s": 2},
+                               sections.get("serve", {}))
     tree = run_config(tmp_path, s3_endpoint, rows_file=rows_file, app_name=sglang_cpu.APP,
                       **sections)
     tree["engine"] = engine
@@ -134,6 +138,18 @@ def generate_cmd(path, tree: dict) -> list[str]:
     return [sys.executable, "-m", "jobs.generate", "--config", str(write_yaml(path, tree))]
 
 
+def generate_main(argv: list[str]) -> int:
+    """`python -m jobs.generate ARGV` in this process (its exit code): the CLI as users run
+    it, without an interpreter start and a Ray job of its own, for tests whose driver is
+    not the one killed. The SIGTERM handler it installs is put back."""
+    from jobs import generate
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        return generate.main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def deploy(tree: dict) -> None:
     """Deploy (or attach to) the config's Serve app before a test pokes its engines."""
     from serve_apps.app import deploy_or_attach
@@ -168,6 +184,27 @@ def set_faults(urls: list[str], **faults: Any) -> None:
 
 
 CLEAR_FAULTS = {"error_rate": 0.0, "slow_rate": 0.0, "error_status": 500, "broken_output": ""}
+
+
+# How much slower a run to be killed mid-way decodes (simulator slow faults): a 240-row
+# session then spans several seconds of generation, so "half done" is still mid-run.
+KILLABLE_SLOWDOWN = 25.0
+
+
+@contextlib.contextmanager
+def slowed(tree: dict, factor: float = KILLABLE_SLOWDOWN, replicas: int = 2) -> Iterator[list[str]]:
+    """The config's engines decode ``factor`` times slower for every request that arrives
+    inside the block (the simulator draws slowness per request): a driver to be killed
+    is still mid-run when the test sees the moment it waits for, and the resume after the
+    block runs at full speed."""
+    deploy(tree)
+    app = tree["serve"]["app_name"]
+    urls = engine_urls(app, replicas)
+    set_faults(urls, slow_rate=1.0, slow_factor=factor)
+    try:
+        yield urls
+    finally:
+        set_faults(engine_urls(app, replicas), **CLEAR_FAULTS)
 
 
 def run_with_faults(tree: dict, app_name: str, replicas: int = 2, **faults: Any) -> Summary:

@@ -23,7 +23,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROWS = 480
+ROWS = 240  # 4 parts of 16 durable before the kill, most rows still to come
 JOB_TIMEOUT_S = 300
 
 
@@ -58,7 +58,7 @@ def test_node_loss_mid_run_then_exact_rerun_and_no_engine_survives(
     prompts = write_prompts(tmp_path / "prompts.jsonl", ROWS)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(prompts), run_name=run_name(),
                       app_name="node-loss",
-                      # Slow enough that the kill lands mid-run (~20-100 s of generation).
+                      # Slow enough that the kill lands mid-run (~10-50 s of generation).
                       engine={"simulator": {"time_scale": 0.1}},
                       job={"rows_per_file": 16, "max_actors": 2})
     config = write_yaml(tmp_path / "job.yaml", tree)

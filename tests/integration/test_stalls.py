@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 from jobs.runs.run import RunError
-from tests.integration.helpers import assert_run_exact, read, run, run_config, store_of, write_prompts
+from tests.integration.helpers import (SLOW_APP, SLOW_ENGINE, assert_run_exact, read, run,
+                                       run_config, store_of, write_prompts)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,8 +63,9 @@ def _stop_when_durable(store, marker: str, seen: dict, app: str = "") -> threadi
 
 def test_a_stopped_generate_actor_ends_the_session_as_stalled(ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
-    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-stall",
-                      engine={"simulator": {"time_scale": 0.01}},
+    # The shared slow app: this trial stops a generate actor, not an engine.
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=SLOW_APP,
+                      engine=SLOW_ENGINE,
                       job={"rows_per_file": 16, "batch_size": 8, "inflight_rows_per_actor": 32,
                            "stall_min_s": 8, "stall_factor": 3, "lease_timeout_s": 30})
     store, seen = store_of(tree), {}

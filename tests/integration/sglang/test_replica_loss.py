@@ -24,7 +24,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROWS = 160
+ROWS = 96
+BUDGET = 128  # tokens a row: ignore_eos runs each to it
 RETRIED_ON_ENGINE_DEATH = {"engine_unavailable", "engine_dead", "replica_unavailable",
                            "deployment_unavailable", "engine_5xx"}
 
@@ -41,7 +42,7 @@ def test_engine_sigkilled_mid_run_is_replaced_and_nothing_is_lost(real_config, s
                                                                   tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
     # ignore_eos: every row runs to its budget, so the run lasts long enough to be hit.
-    tree = real_config(rows, job={"max_new_tokens": 160,
+    tree = real_config(rows, job={"max_new_tokens": BUDGET, "rows_per_file": 16,
                                   "sampling": {"temperature": 0.0, "ignore_eos": True},
                                   "retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
                                               "backoff_max_s": 3}})
@@ -79,7 +80,7 @@ def test_engine_sigkilled_mid_run_is_replaced_and_nothing_is_lost(real_config, s
     assert_run_exact(tree, [f"p{i:05d}" for i in range(ROWS)])
     assert read(tree, "failures").empty
     df = read(tree, "data")
-    assert (df.completion_tokens == 160).all()
+    assert (df.completion_tokens == BUDGET).all()
     # The rows in flight on the dead engine were retried: what SGLang's death looked like
     # to them (connection refused or reset, the replica gone).
     retried = df[df.attempts > 1]

@@ -104,11 +104,14 @@ class FlakyStore:
 
 def test_a_driver_that_cannot_renew_is_fenced_after_half_the_timeout(store, monkeypatch):
     lease = RunLease(store, timeout_s=0.6).acquire()
+    stops: list[str] = []
+    lease.on_fence = stops.append  # not the session's interrupt of this thread
     try:
         assert lease.fenced() is None
         lease.backend = FlakyStore(lease.backend, "unreachable")
-        wait_until(lease.fenced, 10, "the fence")
+        wait_until(lambda: stops, 10, "the fence")
         assert "could not be renewed for" in lease.fenced() and not lease.lost
+        assert len(stops) == 1 and "could not be renewed for" in stops[0]  # stopped once
     finally:
         lease.release()
 
