@@ -84,8 +84,12 @@ def test_a_redeploy_outside_raygen_stops_the_run_before_a_foreign_row(ray_cluste
     from serve_apps.app import build_app, deployed_engine_hash
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
     # Retried for minutes (400 tries, <= 1 s apart): A's rows outlast any rollout below.
-    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-c", retries={
-        "max_attempts": 400, "backoff_initial_s": 0.2, "backoff_max_s": 1.0})
+    # 16 rows in flight an actor: most of A's rows are still to be sent when the faults
+    # below start (at the default 128, all 240 were in flight at once and A finished on
+    # its own engines).
+    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-c", inflight_rows_per_actor=16,
+                   retries={"max_attempts": 400, "backoff_initial_s": 0.2,
+                            "backoff_max_s": 1.0})
     other = parse_config(_tree(tmp_path, s3_endpoint, rows, 0.03))
     hash_a = deployed_engine_hash(parse_config(tree_a).engine)
     a = _driver(tree_a, tmp_path, "c")
@@ -99,7 +103,7 @@ def test_a_redeploy_outside_raygen_stops_the_run_before_a_foreign_row(ray_cluste
         # What `serve deploy` / a RayService update does: no claim, just the new app.
         serve.run(build_app(other.engine, other.serve), name=APP, route_prefix=None)
         foreign = set(_replica_hashes(foreign_to=hash_a))
-        assert a.wait(timeout=300) == 1
+        assert a.wait(timeout=300) == 1, (tmp_path / "c.log").read_text()[-3000:]
     finally:
         if a.poll() is None:
             a.kill()

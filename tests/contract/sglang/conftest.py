@@ -82,7 +82,8 @@ def sglang_parser(sglang) -> argparse.ArgumentParser:
 STACK_START_TIMEOUT_S = 300.0  # SGLang's import alone is ~7 s idle; the CI machine is shared
 
 
-@pytest.fixture(scope="session")
+# Package scope: the stack stops after this folder's last test, not at the end of the run.
+@pytest.fixture(scope="package")
 def sglang_stack(tmp_path_factory) -> Any:
     """Base URL of SGLang 0.5.23's FastAPI app under uvicorn (keep-alive 5 s), fake scheduler.
 

@@ -2,8 +2,8 @@
 supervising ``python -m sglang.launch_server`` on the scripted model, on SGLang's CPU
 engine (``engine.device: cpu``). The folder is one xdist scope
 (tests/support/xdist_scopes.py), so the pool starts once per `make test` (~25 s, ~2 GB
-an engine) and every test here attaches to it through the same engine section
-(tests/support/sglang_cpu.py, helpers.sglang_config). A test that kills an engine
+an engine) and stops after the folder's last test; every test here attaches to it through
+the same engine section (tests/support/sglang_cpu.py, helpers.sglang_config). A test that kills an engine
 waits for Serve's replacement before it returns, so the pool is whole for the next.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -37,15 +38,24 @@ def scripted_model() -> str:
     return str(models.ensure("scripted"))
 
 
-@pytest.fixture(scope="session")
-def sglang_pool(ray_cluster, s3_endpoint, scripted_model, tmp_path_factory) -> Pool:
+# Package scope: the pool stops when the folder's last test is done. The folder runs first
+# (tests/support/xdist_scopes.py LONGEST_FIRST), and two idle real engines (~2 GB each,
+# their schedulers polling) otherwise stayed up for the rest of the run beside every other
+# test on this 2-core machine.
+@pytest.fixture(scope="package")
+def sglang_pool(ray_cluster, s3_endpoint, scripted_model, tmp_path_factory) -> Iterator[Pool]:
+    from ray import serve
     tmp = tmp_path_factory.mktemp("sglang-pool")
     tree = sglang_config(tmp, s3_endpoint, rows_file=str(write_prompts(tmp / "p.jsonl", 1)),
                          model_path=scripted_model)
     deploy(tree)
     pool = Pool(model=scripted_model)
     assert len(pool.urls) == REPLICAS
-    return pool
+    yield pool
+    try:  # not blocking: the replicas stop their engines while the next test runs
+        serve.delete(sglang_cpu.APP, _blocking=False)
+    except Exception:  # noqa: BLE001 - a cleanup, never a test failure
+        pass
 
 
 @pytest.fixture
