@@ -23,7 +23,7 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator,
                       Field, Tag, TypeAdapter, ValidationError, model_validator)
 
-from contract import context_budget
+from contract import spec_resolution
 from contract.redact import is_secret_name
 from contract.simulator_settings import SimulatorSettings
 
@@ -41,20 +41,41 @@ class StrictModel(BaseModel):
 
 
 class SpeculativeConfig(StrictModel):
-    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3", "STANDALONE"] = Field(
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3", "STANDALONE", "DFLASH"] = Field(
         "NEXTN", description="SGLang --speculative-algorithm (NEXTN = the model's own MTP head; "
-        "STANDALONE = a separate small draft model of the same tokenizer).")
-    num_steps: int = Field(3, ge=1, description="--speculative-num-steps: draft steps per verify.")
-    eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk.")
-    num_draft_tokens: int = Field(4, ge=1, description="--speculative-num-draft-tokens.")
+        "STANDALONE = a separate small draft model of the same tokenizer; DFLASH = a block "
+        "drafter, whose own config sets the block size).")
+    num_steps: int = Field(3, ge=1, description="--speculative-num-steps: draft steps per "
+                           "verify. Not for DFLASH (SGLang runs 1).")
+    eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk. Not for DFLASH "
+                            "(SGLang runs 1).")
+    num_draft_tokens: int = Field(
+        4, ge=1, description="--speculative-num-draft-tokens. With eagle_topk 1 SGLang "
+        "runs num_steps + 1 whatever is set here, and raygen plans with that. Not for "
+        "DFLASH: its drafter's config sets the block (extra_args "
+        "speculative-dflash-block-size overrides it).")
     draft_model_path: Optional[str] = Field(
-        None, description="--speculative-draft-model-path; required by EAGLE/EAGLE3 and "
-        "STANDALONE, unused by NEXTN (the model's own MTP head).")
+        None, description="--speculative-draft-model-path; required by EAGLE/EAGLE3, "
+        "STANDALONE and DFLASH, unused by NEXTN (the model's own MTP head).")
 
     @model_validator(mode="after")
     def _draft_model(self) -> "SpeculativeConfig":
         if self.algorithm != "NEXTN" and not self.draft_model_path:
             raise ValueError(f"algorithm {self.algorithm} needs draft_model_path")
+        return self
+
+    @model_validator(mode="after")
+    def _dflash_block(self) -> "SpeculativeConfig":
+        # SGLang would take a sent --speculative-num-draft-tokens as DFLASH's block size
+        # instead of the drafter's own (_handle_dflash): a silently weaker run.
+        if self.algorithm in spec_resolution.FROM_DRAFTER:
+            given = sorted({"num_steps", "eagle_topk", "num_draft_tokens"} & self.model_fields_set)
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: DFLASH takes its block size from the drafter's "
+                    f"config (dflash_config.block_size) and runs 1 step of topk 1; leave "
+                    f"{'it' if len(given) == 1 else 'them'} out (extra_args "
+                    f"speculative-dflash-block-size sets another block size)")
         return self
 
 
@@ -116,6 +137,9 @@ RESERVED_FLAGS: dict[str, str] = {
     "tool-call-parser": "engine.tool_call_parser",
     "device": "engine.device",
 }
+# Pass-through speculative flags that change what SGLang resolves (contract/spec_resolution.py).
+DFLASH_BLOCK_FLAG = "speculative-dflash-block-size"
+ADAPTIVE_FLAG = "speculative-adaptive"
 _FLAG_NAME = re.compile(r"(--)?[A-Za-z0-9][A-Za-z0-9_-]*")
 _NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
 
@@ -210,13 +234,28 @@ class _EngineBase(StrictModel):
         "outputs suffice to tell engines apart).")
 
     @property
-    def reserved_tokens(self) -> int:
-        """SGLang's speculative reserve per request (context_budget.reserved_tokens)."""
+    def resolved_speculative(self) -> Optional[spec_resolution.ResolvedSpec]:
+        """The speculative settings as SGLang 0.5.23 resolves them (None when off)."""
         spec = self.speculative
         if spec is None:
-            return 0
-        return context_budget.reserved_tokens(spec.algorithm, spec.num_steps, spec.eagle_topk,
-                                              spec.num_draft_tokens)
+            return None
+        block = {_flag_words(k): v for k, v in self.extra_args.items()}.get(DFLASH_BLOCK_FLAG)
+        return spec_resolution.resolve(spec.algorithm, spec.num_steps, spec.eagle_topk,
+                                       spec.num_draft_tokens, None if block is None else int(block))
+
+    @property
+    def reserved_tokens(self) -> int:
+        """SGLang's speculative reserve per request, from the resolved settings."""
+        resolved = self.resolved_speculative
+        return resolved.reserved_tokens if resolved else 0
+
+    @property
+    def planned_max_running_requests(self) -> int:
+        """Running requests per engine as far as the config decides them: raygen always
+        sends --max-running-requests (so speculation's silent 48 never applies) and
+        refuses a Mamba cache that would cap it lower (_mamba_slots). The KV pool can
+        still lower it at start; only the engine's /server_info says so."""
+        return self.max_running_requests
 
     @property
     def model_name(self) -> str:
@@ -273,6 +312,23 @@ class SGLangEngineConfig(_EngineBase):
                         f"extra_args.{name}: speculative decoding is off (engine.speculative "
                         f"is not set); turn it on there, its other --speculative-* flags "
                         f"then pass through")
+            return self
+        flags = {_flag_words(name): (name, value) for name, value in self.extra_args.items()}
+        if flags.get(ADAPTIVE_FLAG, (None, False))[1] is not False:
+            # It moves num_steps at run time and reserves max candidate steps + 1 tokens
+            # (SpeculativeAlgorithm.resolve_max_speculative_num_draft_tokens).
+            raise ValueError(
+                f"extra_args.{flags[ADAPTIVE_FLAG][0]}: raygen plans each prompt's context "
+                f"reserve from fixed draft settings (engine.speculative); SGLang's adaptive "
+                f"speculation changes them at run time. Leave it out")
+        if DFLASH_BLOCK_FLAG in flags:
+            name, value = flags[DFLASH_BLOCK_FLAG]
+            if self.speculative.algorithm not in spec_resolution.FROM_DRAFTER:
+                raise ValueError(f"extra_args.{name}: only DFLASH has a block size "
+                                 f"(engine.speculative.algorithm is {self.speculative.algorithm})")
+            if isinstance(value, bool) or not str(value).isdigit() or int(value) < 1:
+                raise ValueError(f"extra_args.{name}: a positive whole number of tokens "
+                                 f"(got {value!r})")
         return self
 
     @model_validator(mode="after")

@@ -6,7 +6,8 @@ each of these SGLang functions and compares):
 1. TokenizerManager._validate_one_request: input + reserved >= context -> 400, and
    input + reserved + max_new_tokens > context -> 400. ``reserved`` is
    compute_num_reserved_tokens(): with EAGLE-family speculative decoding (NEXTN is
-   EAGLE) the draft tokens sit in the output slots.
+   EAGLE) the draft tokens sit in the output slots. It reads the speculative settings
+   as SGLang resolved them, not as configured (contract/spec_resolution.py).
 2. validate_input_length in the scheduler: input >= context - 6 -> 400 (max_req_len is
    context - 1, max_req_input_len is max_req_len - 5).
 3. Scheduler.init_req_max_new_tokens: max_new_tokens silently clamped to
@@ -18,25 +19,10 @@ and only while input < context - 6.
 
 from __future__ import annotations
 
-from typing import Optional
-
 # max_req_len = context - 1; max_req_input_len = max_req_len - 5 (scheduler.py, tp_worker.py).
 SCHEDULER_INPUT_MARGIN = 6
 # init_req_max_new_tokens: max_req_len - input - 1.
 SCHEDULER_CLAMP_MARGIN = 2
-
-
-# Algorithms whose draft tokens sit in the output slots (SpeculativeAlgorithm.is_eagle();
-# NEXTN is EAGLE). STANDALONE's separate draft model reserves nothing.
-EAGLE_FAMILY = frozenset({"NEXTN", "EAGLE", "EAGLE3"})
-
-
-def reserved_tokens(algorithm: Optional[str], num_steps: int = 0, eagle_topk: int = 0,
-                    num_draft_tokens: int = 0) -> int:
-    """compute_num_reserved_tokens() for these --speculative-* settings (0 when off)."""
-    if algorithm not in EAGLE_FAMILY:
-        return 0
-    return max(eagle_topk * num_steps, num_draft_tokens)
 
 
 def max_input_tokens(context_length: int, reserved: int) -> int:

@@ -203,10 +203,11 @@ class RunConfig(StrictModel):
                 f"engine.context_length ({self.engine.context_length}) cannot hold any prompt "
                 f"plus job.max_new_tokens ({self.job.max_new_tokens}); set context_length to "
                 f"the longest prompt + the budget")
-        if self.serve.max_ongoing_requests < self.engine.max_running_requests:
+        running = self.engine.planned_max_running_requests  # what SGLang resolves
+        if self.serve.max_ongoing_requests < running:
             raise ValueError(
                 f"serve.max_ongoing_requests ({self.serve.max_ongoing_requests}) < "
-                f"engine.max_running_requests ({self.engine.max_running_requests}): the "
+                f"engine.max_running_requests ({running}): the "
                 f"engine could never fill its batch")
         share = rows_per_replica(self.job.max_actors * self.job.inflight_rows_per_actor,
                                  self.serve.autoscaling.min_replicas)

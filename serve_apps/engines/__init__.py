@@ -7,6 +7,7 @@ path, two engines).
 
 from __future__ import annotations
 
+from contract import spec_resolution
 from contract.config import EngineConfig, SGLangEngineConfig
 
 
@@ -20,11 +21,21 @@ def launch_command(cfg: EngineConfig, host: str, port: int) -> list[str]:
         "context_length": cfg.context_length,
         "max_running_requests": cfg.max_running_requests,
         "speculative_reserved_tokens": cfg.reserved_tokens,
-        **({"speculative_num_draft_tokens": cfg.speculative.num_draft_tokens} if cfg.speculative else {}),
+        **_simulated_draft_tokens(cfg),
         # Speculative stats appear only when speculative decoding is on, as in SGLang.
         **({} if cfg.speculative else {"accept_length": 0.0}),
     })
     return launch.build_command(settings, host, port)
+
+
+def _simulated_draft_tokens(cfg: EngineConfig) -> dict[str, int]:
+    """The verify width the simulator reports drafts against: SGLang's resolved one
+    (DFLASH without a block size in the config: SGLang's default block)."""
+    resolved = cfg.resolved_speculative
+    if resolved is None:
+        return {}
+    return {"speculative_num_draft_tokens":
+            resolved.num_draft_tokens or spec_resolution.DFLASH_DEFAULT_BLOCK_SIZE}
 
 
 def launch_env(cfg: EngineConfig) -> dict[str, str]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from contract.config import SGLangEngineConfig, extra_arg_flag
+from contract import spec_resolution
+from contract.config import SGLangEngineConfig, SpeculativeConfig, extra_arg_flag
 from serve_apps.engines import sglang_cpu
 
 # SGLang's CPU engine: SDPA attention (also its own fallback without AMX,
@@ -56,13 +57,7 @@ def build_command(cfg: SGLangEngineConfig, host: str, port: int,
     if cfg.tool_call_parser:
         args += ["--tool-call-parser", cfg.tool_call_parser]
     if cfg.speculative is not None:
-        spec = cfg.speculative
-        args += ["--speculative-algorithm", spec.algorithm,
-                 "--speculative-num-steps", str(spec.num_steps),
-                 "--speculative-eagle-topk", str(spec.eagle_topk),
-                 "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
-        if spec.draft_model_path:
-            args += ["--speculative-draft-model-path", spec.draft_model_path]
+        args += _speculative_args(cfg.speculative)
     if cfg.enable_metrics:
         args.append("--enable-metrics")
     # Last, after raygen's own flags; the config refuses any that would override them
@@ -73,6 +68,19 @@ def build_command(cfg: SGLangEngineConfig, host: str, port: int,
         args.append(extra_arg_flag(name))
         if value is not True:
             args.append(str(value))
+    return args
+
+
+def _speculative_args(spec: SpeculativeConfig) -> list[str]:
+    args = ["--speculative-algorithm", spec.algorithm]
+    # DFLASH: SGLang would read a sent --speculative-num-draft-tokens as the block size
+    # instead of the drafter's own, and runs 1 step of topk 1 anyway (_handle_dflash).
+    if spec.algorithm not in spec_resolution.FROM_DRAFTER:
+        args += ["--speculative-num-steps", str(spec.num_steps),
+                 "--speculative-eagle-topk", str(spec.eagle_topk),
+                 "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+    if spec.draft_model_path:
+        args += ["--speculative-draft-model-path", spec.draft_model_path]
     return args
 
 

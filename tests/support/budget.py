@@ -55,6 +55,7 @@ MODULE_BUDGET_S: dict[str, float] = {
     "tests/contract/sglang/test_sglang_contract.py": 5,
     "tests/contract/sglang/test_sglang_differential.py": 17,
     "tests/contract/sglang/test_sglang_oracle.py": 3,
+    "tests/contract/sglang/test_sglang_resolution.py": 5,
     "tests/contract/simulator/test_server_contract.py": 1,
     "tests/contract/simulator/test_server_runtime.py": 10,
     "tests/contract/test_bench_forecast.py": 8,
