@@ -472,9 +472,30 @@ class ServeConfig(StrictModel):
         20.0, ge=0, description="Time in-flight requests get before a replica is stopped.")
     num_cpus_per_replica: float = Field(0.5, ge=0, description="CPUs reserved per replica actor.")
     num_gpus_per_replica: Optional[float] = Field(
-        None, ge=0, description="GPUs per replica; default 1 for sglang, 0 for the simulator.")
+        None, ge=0, description="GPUs per replica; default 1 for sglang, 0 for the simulator. "
+        "A cuda engine needs exactly 1 (checked here, and by each replica against the GPUs "
+        "it sees before its engine starts).")
     reuse_running_app: bool = Field(
         True, description="Attach to a running app of the same name instead of redeploying it.")
+
+
+# One engine per GPU (tp-size 1): a cuda engine's replica must reserve exactly this many.
+GPUS_PER_CUDA_ENGINE = 1
+
+
+def gpu_pinning_problem(engine: "SGLangEngineConfig | SimulatorEngineConfig",
+                        serve: ServeConfig) -> Optional[str]:
+    """Why these sections would not pin each cuda engine to its own GPU (None: they do).
+    With fewer GPUs reserved than the engine uses, Ray hides none from it and every
+    engine of the node lands on GPU 0; with more, the others sit idle."""
+    gpus = serve.num_gpus_per_replica
+    if engine.kind != "sglang" or engine.device != "cuda" or gpus is None:
+        return None
+    if gpus != GPUS_PER_CUDA_ENGINE:
+        return (f"serve.num_gpus_per_replica is {gpus:g}: a cuda engine runs on exactly "
+                f"{GPUS_PER_CUDA_ENGINE} GPU (tp-size 1); set it to {GPUS_PER_CUDA_ENGINE} "
+                f"(or leave it out)")
+    return None
 
 
 class EngineSections(BaseModel):
@@ -485,6 +506,13 @@ class EngineSections(BaseModel):
 
     engine: EngineConfig = Field(default_factory=default_engine)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+
+    @model_validator(mode="after")
+    def _gpu_pinning(self) -> "EngineSections":
+        problem = gpu_pinning_problem(self.engine, self.serve)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 def _kind_problem(where: str, value: Any) -> str:

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contract.config import (ConfigError, EngineConfig, ServeConfig, StrictModel,
                              default_engine, format_errors, load_yaml, read_config_tree,
-                             thinking_budget_problem)
+                             gpu_pinning_problem, thinking_budget_problem)
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -203,6 +203,9 @@ class RunConfig(StrictModel):
                 f"engine.context_length ({self.engine.context_length}) cannot hold any prompt "
                 f"plus job.max_new_tokens ({self.job.max_new_tokens}); set context_length to "
                 f"the longest prompt + the budget")
+        problem = gpu_pinning_problem(self.engine, self.serve)
+        if problem:
+            raise ValueError(problem)
         running = self.engine.planned_max_running_requests  # what SGLang resolves
         if self.serve.max_ongoing_requests < running:
             raise ValueError(

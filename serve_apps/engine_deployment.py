@@ -25,10 +25,10 @@ from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
 from ray import serve
 
-from contract.config import EngineConfig, parse_engine_config
+from contract.config import EngineConfig, SGLangEngineConfig, parse_engine_config
 from contract.outcomes import EngineDead, ReplicaError
 from contract.protocol import GenerateRequest, GenerateResult
-from serve_apps import canary
+from serve_apps import canary, gpu_pinning
 from serve_apps.chat_format import (assistant_spans, model_template_renderer,
                                     probed_assistant_spans, render_prompt)
 from serve_apps.engine_client import EngineClient, effective_running_cap
@@ -82,6 +82,8 @@ class ProcessBackend:
 
     def __init__(self, cfg: EngineConfig, name: str):
         host = "127.0.0.1"
+        if isinstance(cfg, SGLangEngineConfig) and cfg.device == "cuda":
+            gpu_pinning.require_own_gpu()  # before minutes of loading onto the wrong GPU
         self.process = start_engine(lambda port: launch_command(cfg, host, port), host,
                                     cfg.start_timeout_s, name=name, env=launch_env(cfg))
         self.client = EngineClient(self.process.base_url, cfg.request_timeout_s)
