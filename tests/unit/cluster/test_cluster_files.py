@@ -145,6 +145,45 @@ def test_replicas_fill_exactly_one_node_and_every_cluster_can_host_them():
             == scaling.max_replicas, kind
 
 
+def test_qwen_config_and_runbook_state_the_prompt_limits_raygen_enforces():
+    """The longest prompt each pass takes, as the replica's context guard computes it (the
+    reserve as SGLang resolves it), is what the config's comments and the runbook say."""
+    from contract.outcomes import ContextOverflow
+    from serve_apps.generation import Generator
+
+    run = _qwen()
+    engine, budget = run.engine, run.job.max_new_tokens
+    total = 2 * budget  # the runbook's --continue-truncated --max-total-tokens
+    assert f"--max-total-tokens {total}" in RUNBOOK.read_text()
+    guard = Generator(client=None, context_length=engine.context_length, think_end="</think>",
+                      replica_id="r", engine_alive=lambda: True,
+                      reserved_tokens=engine.reserved_tokens)
+    limits = {}
+    for name, generated, asked in (("first", 0, budget), ("continued", budget, total - budget)):
+        # prompt + what it already generated goes in; the rest of the new total is asked
+        n = engine.context_length - generated - asked - engine.reserved_tokens
+        assert guard.fit_budget(n + generated, asked, "reject") == asked
+        with pytest.raises(ContextOverflow):
+            guard.fit_budget(n + 1 + generated, asked, "reject")
+        limits[name] = n
+    text = (REPO / QWEN).read_text()
+    c, r = engine.context_length, engine.reserved_tokens
+    assert f"prompts up to {limits['first']} tokens run ({c} - {budget} - {r})" in text
+    assert f"prompts up to {limits['continued']} tokens ({c} - {total} - {r})" in text
+    runbook = " ".join(RUNBOOK.read_text().split())
+    assert f"leaves prompts up to {limits['continued']:,} tokens" in runbook
+    assert f"takes prompts up to {limits['first']:,} tokens" in runbook
+
+
+def test_qwen_config_claims_the_replica_count_it_runs():
+    """A throughput claim names the GPU count the config runs, not the story's 7."""
+    replicas = _qwen().serve.autoscaling.min_replicas
+    text = " ".join(line.lstrip("# ") for line in (REPO / QWEN).read_text().splitlines())
+    assert f"This file runs {replicas} (one node)" in text
+    assert f"25,000 / 7 x {replicas}" in text
+    assert f"{replicas} replicas on one 8xB200 node" in " ".join(RUNBOOK.read_text().split())
+
+
 # --- image, versions ----------------------------------------------------------------------
 
 def _all_images() -> dict[str, str]:
