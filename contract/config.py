@@ -251,10 +251,9 @@ class _EngineBase(StrictModel):
 
     @property
     def planned_max_running_requests(self) -> int:
-        """Running requests per engine as far as the config decides them: raygen always
-        sends --max-running-requests (so speculation's silent 48 never applies) and
-        refuses a Mamba cache that would cap it lower (_mamba_slots). The KV pool can
-        still lower it at start; only the engine's /server_info says so."""
+        """Running requests per engine as SGLang resolves them from the config: raygen
+        always sends --max-running-requests, so speculation's silent 48 never applies
+        (the SGLang kind adds the Mamba cap)."""
         return self.max_running_requests
 
     @property
@@ -264,6 +263,13 @@ class _EngineBase(StrictModel):
     def config_hash(self) -> str:
         """Identifies the engine settings: a running app with another hash is redeployed."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+
+# Mamba state slots per running request of a hybrid model under SGLang 0.5.23
+# (KVCacheConfigurator._calculate_mamba_ratio): 3 with the radix cache + 2 tracking slots
+# of the extra buffer it picks under the overlap scheduler (speculative decoding keeps
+# overlap on a GPU). tests/contract/sglang/test_sglang_resolution.py calls that function.
+MAMBA_SLOTS_PER_REQUEST = 5
 
 
 class SGLangEngineConfig(_EngineBase):
@@ -288,7 +294,8 @@ class SGLangEngineConfig(_EngineBase):
         "for weights and KV cache; e.g. 0.93 on a B200).")
     max_mamba_cache_size: Optional[int] = Field(
         None, ge=1, description="SGLang --max-mamba-cache-size for hybrid Mamba models; at "
-        "least 5 x max_running_requests (checked).")
+        "least 5 x max_running_requests (checked: SGLang caps running requests at "
+        "max_mamba_cache_size // 5).")
     reasoning_parser: Optional[str] = Field(
         "qwen3", description="SGLang --reasoning-parser; None for non-thinking models.")
     tool_call_parser: Optional[str] = Field(None, description="SGLang --tool-call-parser.")
@@ -344,13 +351,27 @@ class SGLangEngineConfig(_EngineBase):
     def _mamba_slots(self) -> "SGLangEngineConfig":
         # SGLang 0.5.23 caps running requests at max_mamba_cache_size // 5 for hybrid
         # models, silently: 80 cache slots give 16 running requests, not 80.
-        cache = self.max_mamba_cache_size
-        if cache is not None and cache // 5 < self.max_running_requests:
+        cap = self.mamba_running_cap
+        if cap is not None and cap < self.max_running_requests:
             raise ValueError(
-                f"max_mamba_cache_size ({cache}) caps running requests at {cache // 5} < "
-                f"max_running_requests ({self.max_running_requests}); raise it to "
-                f"{5 * self.max_running_requests} or lower max_running_requests")
+                f"max_mamba_cache_size ({self.max_mamba_cache_size}) caps running requests "
+                f"at {cap} < max_running_requests ({self.max_running_requests}); raise it to "
+                f"{MAMBA_SLOTS_PER_REQUEST * self.max_running_requests} or lower "
+                f"max_running_requests")
         return self
+
+    @property
+    def mamba_running_cap(self) -> Optional[int]:
+        """Running requests the Mamba state cache holds (hybrid models; None: not set)."""
+        cache = self.max_mamba_cache_size
+        return None if cache is None else cache // MAMBA_SLOTS_PER_REQUEST
+
+    @property
+    def planned_max_running_requests(self) -> int:
+        # KVCacheConfigurator.resolve_max_num_reqs: min(requested, Mamba cap); the KV pool
+        # may still lower it at start (only /server_info tells).
+        cap = self.mamba_running_cap
+        return self.max_running_requests if cap is None else min(self.max_running_requests, cap)
 
 
 class SimulatorEngineConfig(_EngineBase):

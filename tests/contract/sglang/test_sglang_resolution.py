@@ -10,16 +10,22 @@ process does at start), and the resolved ``get_spec()``, ``get_schedule()``,
 ``compute_num_reserved_tokens()`` and the model's context length are compared with
 contract/spec_resolution.py and the config's planned figures.
 
-Two substitutions, both because this machine has neither the models nor a GPU:
-- the model (and drafter) paths point at offline folders of the same shape: a Qwen3
-  config (sglang_cpu.write_fake_model) whose max_position_embeddings is the config's
-  context length, and for DFLASH a drafter config with or without a block size;
+Substitutions, all because this machine has neither the models nor a GPU:
+- the model (and drafter) paths point at offline folders: a Qwen3 config
+  (sglang_cpu.write_fake_model) whose max_position_embeddings is the config's context
+  length; for a config with ``max_mamba_cache_size`` (the B200 one) a tiny
+  Qwen3_5ForConditionalGeneration, the hybrid attention/linear-attention stack SGLang
+  0.5.23 serves Qwen3.5-family models with (assumed for Qwen3.6-27B: check its
+  config.json); for DFLASH a drafter config with or without a block size;
 - a cuda config resolves with ``--device cuda`` (what SGLang detects on the GPU node; the
-  resolution itself reads no GPU). _handle_dflash refuses any other device.
-Not resolved here: the hybrid-Mamba cap on running requests
-(``KVCacheConfigurator.resolve_max_num_reqs``) needs the model's real hybrid config and
-the GPU's memory; raygen refuses a Mamba cache below 5 slots a request instead
-(contract/config.py ``_mamba_slots``).
+  resolution reads no GPU). _handle_dflash refuses any other device;
+- the Mamba extra buffer's platform check
+  (``mamba_hook._platform_supports_mamba_cache_extra_buffer``, true on CUDA) answers
+  true: this CPU platform has no state snapshots.
+The Mamba cap itself is computed at start from the memory pool
+(``KVCacheConfigurator.resolve_max_num_reqs``), which needs a GPU: the narrowest SGLang
+function that decides it, ``_calculate_mamba_ratio`` (slots per request; it reads only
+the resolved config), is called under the resolved context instead.
 """
 
 from __future__ import annotations
@@ -46,15 +52,18 @@ SHIPPED = sorted((p for p in (REPO / "jobs" / "configs").glob("*.yaml")
 
 
 @pytest.fixture(autouse=True)
-def _keep_pytest_logging(monkeypatch):
+def _as_on_a_gpu_node(sglang, monkeypatch):
+    from sglang.srt.arg_groups import mamba_hook
+
     # prepare_server_args calls logging.basicConfig(force=True), which would rip out
     # pytest's log handlers.
     monkeypatch.setattr(logging, "basicConfig", lambda **_: None)
+    monkeypatch.setattr(mamba_hook, "_platform_supports_mamba_cache_extra_buffer", lambda: True)
 
 
 def _model(root: Path, context_length: int, dflash_block: Optional[int] = None,
-           drafter: bool = False) -> Path:
-    out = root / (f"drafter-{dflash_block}" if drafter else f"model-{context_length}")
+           drafter: bool = False, hybrid: bool = False) -> Path:
+    out = root / (f"drafter-{dflash_block}" if drafter else f"model-{context_length}-{hybrid}")
     if out.exists():
         return out
     sglang_cpu.write_fake_model(out)
@@ -64,6 +73,16 @@ def _model(root: Path, context_length: int, dflash_block: Optional[int] = None,
         config["architectures"] = ["DFlashDraftModel"]
         config["dflash_config"] = {"target_layer_ids": [0], **(
             {"block_size": dflash_block} if dflash_block else {})}
+    if hybrid:  # three linear-attention (Mamba-state) layers to one full-attention layer
+        text = {k: v for k, v in config.items() if k != "architectures"}
+        text.update(model_type="qwen3_5_text", num_hidden_layers=4,
+                    layer_types=["linear_attention"] * 3 + ["full_attention"],
+                    linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                    linear_num_value_heads=2, linear_conv_kernel_dim=4)
+        config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+                  "text_config": text, "tie_word_embeddings": True,
+                  "vision_config": {"depth": 1, "hidden_size": 32, "num_heads": 2,
+                                    "out_hidden_size": 64, "intermediate_size": 64}}
     (out / "config.json").write_text(json.dumps(config))
     return out
 
@@ -73,9 +92,11 @@ def _resolve(sglang, cfg: SGLangEngineConfig, root: Path, dflash_block: Optional
     from sglang.srt import runtime_context as rc
     from sglang.srt.arg_groups.overrides import model_config_of
     from sglang.srt.managers.utils import compute_num_reserved_tokens
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 
+    hybrid = cfg.max_mamba_cache_size is not None
     argv = build_command(cfg, "127.0.0.1", 30000, python="python")[3:]
-    argv[argv.index("--model-path") + 1] = str(_model(root, cfg.context_length))
+    argv[argv.index("--model-path") + 1] = str(_model(root, cfg.context_length, hybrid=hybrid))
     if "--speculative-draft-model-path" in argv:
         drafter = _model(root, cfg.context_length, dflash_block, drafter=True)
         argv[argv.index("--speculative-draft-model-path") + 1] = str(drafter)
@@ -84,13 +105,17 @@ def _resolve(sglang, cfg: SGLangEngineConfig, root: Path, dflash_block: Optional
     sa = sglang.server_args.prepare_server_args(argv)
     with rc.use_context(rc.create_context(sa, role="tokenizer")):
         spec, schedule = rc.get_spec(), rc.get_schedule()
+        running = schedule.max_running_requests
+        if hybrid:  # resolve_max_num_reqs: min(requested, max_mamba_cache_size // ratio)
+            ratio = KVCacheConfigurator._calculate_mamba_ratio(None)  # reads no self
+            running = min(running, schedule.max_mamba_cache_size // ratio)
         return {
             "algorithm": spec.speculative_algorithm,
             "steps_topk_drafts": spec.speculative_algorithm and (
                 spec.speculative_num_steps, spec.speculative_eagle_topk,
                 spec.speculative_num_draft_tokens),
             "reserved": compute_num_reserved_tokens(),
-            "max_running_requests": schedule.max_running_requests,
+            "max_running_requests": running,
             "context_length": model_config_of(sa).context_len,
         }
 
@@ -154,3 +179,25 @@ def test_speculative_combinations_resolve_as_raygen_plans(sglang, tmp_path, name
     assert planned == resolved
     assert resolved["reserved"] == {"nextn-3-1-8": 4, "nextn-5-1-2": 6, "nextn-3-1-4": 4,
                                     "eagle3-5-4-8": 20}.get(name, 0)
+
+
+def test_mamba_slots_per_request_are_sglangs(sglang, tmp_path):
+    """raygen's MAMBA_SLOTS_PER_REQUEST is the ratio SGLang resolves for the B200 config's
+    hybrid model (extra buffer under the overlap scheduler), so the config refuses the
+    first cache size SGLang would cap below its running requests."""
+    from pydantic import ValidationError
+    from contract.config import MAMBA_SLOTS_PER_REQUEST
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    cfg = load_config(str(SHIPPED[0])).engine
+    argv = build_command(cfg, "127.0.0.1", 30000, python="python")[3:]
+    argv[argv.index("--model-path") + 1] = str(_model(tmp_path, cfg.context_length, hybrid=True))
+    sa = sglang.server_args.prepare_server_args(argv + ["--device", "cuda"])
+    with rc.use_context(rc.create_context(sa, role="tokenizer")):
+        assert rc.get_exec().mamba.enable_mamba_extra_buffer
+        ratio = KVCacheConfigurator._calculate_mamba_ratio(None)
+    assert ratio == MAMBA_SLOTS_PER_REQUEST
+    short = ratio * cfg.max_running_requests - 1  # SGLang: short // ratio running at most
+    with pytest.raises(ValidationError, match=f"caps running requests at {short // ratio} <"):
+        SGLangEngineConfig(**{**cfg.model_dump(), "max_mamba_cache_size": short})
