@@ -31,8 +31,8 @@ def test_reserve_is_planned_from_the_resolved_draft_tokens(algorithm, steps, top
                              num_draft_tokens=drafts,
                              draft_model_path=None if algorithm == "NEXTN" else "d")
     cfg = _engine(spec)
-    assert cfg.resolved_speculative.num_draft_tokens == resolved
     assert cfg.reserved_tokens == reserve
+    assert cfg.resolved_speculative.num_draft_tokens == resolved
     # The flags are sent as configured: SGLang does the rewrite, raygen only plans with it.
     assert _flag(build_command(cfg, "h", 1), "--speculative-num-draft-tokens") == str(drafts)
 
