@@ -154,6 +154,15 @@ def _flag_words(name: str) -> str:
     return name.removeprefix("--").replace("_", "-")
 
 
+def _resolving_flag(name: str) -> str:
+    """The flag SGLang's parser reads for an extra_args key, for the flags that change
+    the resolution: a unique prefix (argparse allow_abbrev) counts as the flag."""
+    flag = _flag_words(name)
+    if len(flag) > len("speculative-d") and DFLASH_BLOCK_FLAG.startswith(flag):
+        return DFLASH_BLOCK_FLAG
+    return flag
+
+
 def _use_instead(instead: str) -> str:
     return instead if instead.startswith(_NO_FIELD) else f"set {instead} instead"
 
@@ -239,7 +248,7 @@ class _EngineBase(StrictModel):
         spec = self.speculative
         if spec is None:
             return None
-        block = {_flag_words(k): v for k, v in self.extra_args.items()}.get(DFLASH_BLOCK_FLAG)
+        block = {_resolving_flag(k): v for k, v in self.extra_args.items()}.get(DFLASH_BLOCK_FLAG)
         return spec_resolution.resolve(spec.algorithm, spec.num_steps, spec.eagle_topk,
                                        spec.num_draft_tokens, None if block is None else int(block))
 
@@ -320,7 +329,7 @@ class SGLangEngineConfig(_EngineBase):
                         f"is not set); turn it on there, its other --speculative-* flags "
                         f"then pass through")
             return self
-        flags = {_flag_words(name): (name, value) for name, value in self.extra_args.items()}
+        flags = {_resolving_flag(name): (name, value) for name, value in self.extra_args.items()}
         if flags.get(ADAPTIVE_FLAG, (None, False))[1] is not False:
             # It moves num_steps at run time and reserves max candidate steps + 1 tokens
             # (SpeculativeAlgorithm.resolve_max_speculative_num_draft_tokens).

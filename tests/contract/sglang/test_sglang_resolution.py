@@ -161,6 +161,8 @@ COMBOS = {
     "dflash-drafter-block-10": (DFLASH, {}, 10),
     "dflash-drafter-without-block": (DFLASH, {}, None),
     "dflash-block-flag-6": (DFLASH, {"speculative-dflash-block-size": 6}, 10),
+    # SGLang's parser takes a unique prefix of a flag (argparse allow_abbrev)
+    "dflash-block-prefix-6": (DFLASH, {"speculative-dflash-block": 6}, 10),
 }
 
 

@@ -60,11 +60,14 @@ def test_dflash_sends_no_block_size_so_sglang_reads_the_drafters():
     assert cfg.reserved_tokens == 0  # not is_eagle(): compute_num_reserved_tokens gives 0
 
 
-def test_dflash_block_size_passes_through_extra_args():
+@pytest.mark.parametrize("key", ["speculative-dflash-block-size", "speculative_dflash_block"])
+def test_dflash_block_size_passes_through_extra_args(key):
+    # An unambiguous prefix is the same flag to SGLang's parser (argparse allow_abbrev).
     cfg = _engine(SpeculativeConfig(algorithm="DFLASH", draft_model_path="d"),
-                  extra_args={"speculative-dflash-block-size": 10})
+                  extra_args={key: 10})
     assert cfg.resolved_speculative.num_draft_tokens == 10
-    assert _flag(build_command(cfg, "h", 1), "--speculative-dflash-block-size") == "10"
+    argv = build_command(cfg, "h", 1)
+    assert argv[-2:] == ["--" + key.replace("_", "-"), "10"]
 
 
 @pytest.mark.parametrize("key", ["num_draft_tokens", "num_steps", "eagle_topk"])
