@@ -9,8 +9,9 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from contract.config import EngineConfig, SGLangEngineConfig, ServeConfig, load_engine_sections
+from contract.config import EngineConfig, ServeConfig, load_engine_sections
 from serve_apps.engine_deployment import EngineDeployment
+from serve_apps.engine_hash import deployed_engine_hash, with_local_paths  # noqa: F401 - re-exported
 from serve_apps.engines import default_gpus
 
 logger = logging.getLogger("raygen")
@@ -39,30 +40,6 @@ def deployment_options(engine: EngineConfig, cfg: ServeConfig) -> dict[str, Any]
         # One access-log line per row drowns the engine's own log at 900K rows.
         "logging_config": {"enable_access_log": False},
     }
-
-
-def with_local_paths(engine: EngineConfig) -> EngineConfig:
-    """Model paths relative to this process's working directory made absolute, where
-    they exist here: a replica runs in its raylet's working directory, which need not be
-    the one the job was started in (e.g. ``.local/models/...`` in the demo)."""
-    if not isinstance(engine, SGLangEngineConfig):
-        return engine
-
-    def absolute(path: str | None) -> str | None:
-        if path and not os.path.isabs(path) and os.path.isdir(path):
-            return os.path.abspath(path)
-        return path
-    spec = engine.speculative
-    return engine.model_copy(update={
-        "model_path": absolute(engine.model_path),
-        "speculative": spec and spec.model_copy(
-            update={"draft_model_path": absolute(spec.draft_model_path)})})
-
-
-def deployed_engine_hash(engine: EngineConfig) -> str:
-    """The engine config hash a replica deployed from ``engine`` by this process reports
-    (``info()`` and every result): the config as deployed, local paths made absolute."""
-    return with_local_paths(engine).config_hash()
 
 
 def build_app(engine: EngineConfig, cfg: ServeConfig) -> serve.Application:

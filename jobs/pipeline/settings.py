@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from jobs.config import BreakerConfig, RetryConfig, RunConfig
 from jobs.io.samples import SEED_SCHEME
-from serve_apps.app import deployed_engine_hash
+from serve_apps.engine_hash import deployed_engine_hash
 
 
 def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chatml-think",
