@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from jobs.runs.run import RunError
-from tests.integration.helpers import SLOW_APP, SLOW_ENGINE, run_config, write_prompts
+from tests.integration.helpers import SLOW_ENGINE, run_config, write_prompts
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, generate_cmd, read,
                                        run, run_with_faults, set_faults, slowed, store_of,
                                        write_yaml)
@@ -47,17 +47,20 @@ def test_sigkill_at_random_points_then_resume(ray_cluster, s3_endpoint, tmp_path
     def completed(store) -> int:
         return (store.read_json("progress.json") or {}).get("completed", 0)
 
-    phases = {"start": lambda store: store.read_json("lease.json"),
-              "first parts": lambda store: completed(store) > 0,
-              "half done": lambda store: completed(store) >= 120}
+    # Each phase with the slowdown that keeps the run going past it: 25x for the early
+    # phases (a few seconds to reach them), 4x for half done (its first half, slowed 25x,
+    # took ~40 s; at 4x the second half still outlasts the kill's 1.5 s by seconds).
+    phases = {"start": (lambda store: store.read_json("lease.json"), 25.0),
+              "first parts": (lambda store: completed(store) > 0, 25.0),
+              "half done": (lambda store: completed(store) >= 120, 4.0)}
     landed = []
-    for trial, (phase, reached) in enumerate(phases.items()):
+    for trial, (phase, (reached, slowdown)) in enumerate(phases.items()):
         tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
                           run_name=f"kill-{trial}-{os.getpid()}",
                           job={"rows_per_file": 16, "batch_size": 8})
         store = store_of(tree)
         cmd = generate_cmd(tmp_path / f"kill{trial}.yaml", tree)
-        with slowed(tree):  # mid-run at every phase's moment; the resume at full speed
+        with slowed(tree, slowdown):  # mid-run at the phase's moment; the resume at full speed
             first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_until(lambda: reached(store) or first.poll() is not None, 180, phase)
             try:
@@ -77,8 +80,12 @@ def test_sigkill_at_random_points_then_resume(ray_cluster, s3_endpoint, tmp_path
 
 def test_engine_killed_mid_run_loses_nothing(ray_cluster, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 200)
+    # Parts of 16 and 32 rows in flight: rows turn durable in waves, so the kill after the
+    # first ones lands mid-run (with 96 in flight and parts of 64, all 200 once became
+    # durable between two polls).
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
-                      job={"retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
+                      job={"rows_per_file": 16, "batch_size": 8, "inflight_rows_per_actor": 32,
+                           "retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
                                        "backoff_max_s": 3}},
                       engine=SLOW_ENGINE, app_name="raygen-enginekill")
     from ray import serve
@@ -97,6 +104,7 @@ def test_engine_killed_mid_run_loses_nothing(ray_cluster, s3_endpoint, tmp_path)
     killer.start()
     summary = run(tree)
     killer.join()
+    print(f"engine killed with {at_kill['completed']} of 200 rows durable")
     assert 0 < at_kill["completed"] < 200, "the kill must land mid-run"
     assert summary.status == "succeeded"
     _assert_exactly_once(tree, 200)
@@ -202,23 +210,25 @@ def test_sigterm_stops_cleanly_and_resume_finishes(ray_cluster, s3_endpoint, tmp
     """`ray job stop` sends SIGTERM: status becomes "stopped", written rows stay."""
     rows = write_prompts(tmp_path / "p.jsonl", 240)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
-                      job={"rows_per_file": 16, "batch_size": 8},
-                      engine=SLOW_ENGINE, app_name=SLOW_APP)
+                      job={"rows_per_file": 16, "batch_size": 8})
     cfg = write_yaml(tmp_path / "term.yaml", tree)
     cmd = [sys.executable, "-m", "jobs.generate", "--config", str(cfg)]
     log = open(tmp_path / "driver.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     store = store_of(tree)
-    wait_until(lambda: (store.read_json("progress.json") or {}).get("completed", 0), 120,
-               "some rows to be durable")
-    proc.send_signal(signal.SIGTERM)
     killed = False
-    try:  # as `ray job stop` does: SIGKILL 3 s after SIGTERM
-        proc.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        killed = True
-    assert proc.wait(timeout=120) != 0
+    # As fast as the slow app's engines (5x slower than these): the stop lands mid-run
+    # with rows in flight; the resume runs at full speed.
+    with slowed(tree, 5.0):
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: (store.read_json("progress.json") or {}).get("completed", 0), 120,
+                   "some rows to be durable")
+        proc.send_signal(signal.SIGTERM)
+        try:  # as `ray job stop` does: SIGKILL 3 s after SIGTERM
+            proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            killed = True
+        assert proc.wait(timeout=120) != 0
     stopped = store.read_json("progress.json")
     assert stopped["status"] == "stopped" and 0 < stopped["completed"] < 240
     if not killed:  # it had time for the final rescan (else counts are the last snapshot's)

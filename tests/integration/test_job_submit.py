@@ -75,9 +75,17 @@ def submit(head, config: Path, *extra: str, **env: str) -> subprocess.CompletedP
                    "--config", str(config), **env)
 
 
+# Both jobs that run use one Serve app and one engine setting: the second job attaches to
+# the engines the first deployed instead of deploying two more replicas and simulators on
+# this head. Slow enough (time_scale 0.02) that `ray job stop` lands mid-run; 40 rows
+# still take seconds.
+APP = "raygen-submit"
+ENGINE = {"simulator": {"time_scale": 0.02}}
+
+
 def test_a_submitted_job_runs_and_uploads_only_the_code(head, s3_endpoint, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 40)
-    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-submit")
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP, engine=ENGINE)
     done = submit(head, write_yaml(tmp_path / "run.yaml", tree))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "' succeeded" in done.stdout, done.stdout[-2000:]  # Ray's own verdict on the job
@@ -158,8 +166,7 @@ def test_the_stacks_dashboard_listens_on_loopback_only(head):
 def test_ray_job_stop_leaves_the_run_stopped_and_its_lease_released(head, s3_endpoint,
                                                                     tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 400)
-    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-submit-slow",
-                      engine={"simulator": {"time_scale": 0.02}},
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP, engine=ENGINE,
                       job={"rows_per_file": 16, "batch_size": 8, "inflight_rows_per_actor": 16})
     job_id = f"raygen-stop-{uuid.uuid4().hex[:8]}"
     started = submit(head, write_yaml(tmp_path / "run.yaml", tree), "--no-wait",
