@@ -60,6 +60,7 @@ MODULE_BUDGET_S: dict[str, float] = {
     "tests/contract/simulator/test_server_runtime.py": 10,
     "tests/contract/test_bench_forecast.py": 8,
     "tests/contract/test_bench_key_digests.py": 1,
+    "tests/contract/test_cpu_profile.py": 1,
     "tests/contract/test_unit_tier_on_a_fresh_machine.py": 17,
     "tests/integration/sglang/test_context_guard.py": 68,
     "tests/integration/sglang/test_differential.py": 1,
