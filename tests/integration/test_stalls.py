@@ -19,13 +19,14 @@ import psutil
 import pytest
 
 from jobs.runs.run import RunError
-from tests.integration.helpers import (SLOW_APP, SLOW_ENGINE, assert_run_exact, read, run,
-                                       run_config, store_of, write_prompts)
+from tests.integration.helpers import (assert_run_exact, read, run, run_config, slowed,
+                                       store_of, write_prompts)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS = 240
+STALL_ROWS = 160  # the stalled session's: its rerun is the rest, at full speed
 
 
 def _children_named(marker: str, app: str = "") -> list[psutil.Process]:
@@ -37,10 +38,11 @@ def _children_named(marker: str, app: str = "") -> list[psutil.Process]:
     for proc in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
-            owners = [" ".join(parent.cmdline()) for parent in proc.parents()]
+            if not (cmd.startswith(marker) or cmd.split(" ", 1)[-1].startswith(marker)):
+                continue
+            # the owners only of a match: a loaded machine is slow to read every process's
+            owners = [" ".join(parent.cmdline()) for parent in proc.parents()] if app else []
         except psutil.Error:
-            continue
-        if not (cmd.startswith(marker) or cmd.split(" ", 1)[-1].startswith(marker)):
             continue
         if app and not any(owner.startswith(f"ray::ServeReplica:{app}:") for owner in owners):
             continue
@@ -62,44 +64,57 @@ def _stop_when_durable(store, marker: str, seen: dict, app: str = "") -> threadi
 
 
 def test_a_stopped_generate_actor_ends_the_session_as_stalled(ray_cluster, s3_endpoint, tmp_path):
-    rows = write_prompts(tmp_path / "p.jsonl", ROWS)
-    # The shared slow app: this trial stops a generate actor, not an engine.
-    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=SLOW_APP,
-                      engine=SLOW_ENGINE,
-                      job={"rows_per_file": 16, "batch_size": 8, "inflight_rows_per_actor": 32,
-                           "stall_min_s": 8, "stall_factor": 3, "lease_timeout_s": 30})
+    rows = write_prompts(tmp_path / "p.jsonl", STALL_ROWS)
+    # The shared fast app, its engines slowed (helpers.slowed, 25x: a row takes ~1-2 s)
+    # only while the session to be stalled runs, and 16 rows in flight: generation is
+    # slower than the writes (~10 rows/s; at 32 in flight, 25x, a loaded machine had 144
+    # rows generated ahead of the writes at the stop, ~15 s of parts still to become
+    # durable before the watchdog's silence began), the actor is stopped with most rows
+    # still to generate (~12 s of them, against a few seconds from the first durable part
+    # to the stop), and the rerun runs at full speed. The watchdog's limit is
+    # stall_factor x the first gap (session start to the first durable part, mostly the
+    # session's start-up): 1.5x, not 3x, as no later gap comes near it before the stop.
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
+                      job={"rows_per_file": 16, "batch_size": 8, "inflight_rows_per_actor": 16,
+                           "stall_min_s": 8, "stall_factor": 1.5, "lease_timeout_s": 30})
     store, seen = store_of(tree), {}
-    stopper = _stop_when_durable(store, "ray::MapWorker(MapBatches(GenerateRows))", seen)
-    try:
-        with pytest.raises(RunError) as info:
-            run(tree)
-        ended = time.monotonic()
-    finally:
-        stopper.join()
-        if "pid" in seen:  # Ray kills the actor with the job; SIGCONT in case it did not
-            try:
-                os.kill(seen["pid"], signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    with slowed(tree):
+        stopper = _stop_when_durable(store, "ray::MapWorker(MapBatches(GenerateRows))", seen)
+        try:
+            with pytest.raises(RunError) as info:
+                run(tree)
+            ended = time.monotonic()
+        finally:
+            stopper.join()
+            if "pid" in seen:  # Ray kills the actor with the pool; SIGCONT in case it did not
+                try:
+                    os.kill(seen["pid"], signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
     message = str(info.value).split("\n")[0]
-    print(f"\nwatchdog: {message}")
+    print(f"\nwatchdog: {message} (stopped at {seen['completed']} durable rows, the session "
+          f"ended {ended - seen['at']:.0f} s later)")
     assert message.startswith("stalled: no row became durable"), message
     assert "MapBatches(GenerateRows)" in message  # the stopped actor's task, named
-    assert 0 < seen["completed"] < ROWS
+    assert 0 < seen["completed"] < STALL_ROWS
     assert ended - seen["at"] < 90, "the watchdog must end the session within its limit"
     progress = store.read_json("progress.json")
     assert progress["status"] == "stalled"
     assert store.read_json("lease.json") is None  # released: a resubmit can start at once
     # The rerun finishes the run exactly.
     assert run(tree).status == "succeeded"
-    assert_run_exact(tree, [f"p{i:05d}" for i in range(ROWS)])
+    assert_run_exact(tree, [f"p{i:05d}" for i in range(STALL_ROWS)])
 
 
 def test_a_stopped_engine_is_replaced_and_the_run_completes_exactly(ray_cluster, s3_endpoint,
                                                                      tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
+    # Its own app (the engine it stops is replaced). The stopped engine's replica is stopped
+    # by Serve after its in-flight rows get graceful_shutdown_timeout_s (they never finish
+    # on a stopped engine): 2 s, not Serve's 20 s, before they are retried elsewhere.
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-stopped-engine",
                       engine={"simulator": {"time_scale": 0.01}, "request_timeout_s": 20},
+                      serve={"graceful_shutdown_timeout_s": 2},
                       job={"rows_per_file": 16, "batch_size": 8,
                            "retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
                                        "backoff_max_s": 3}})
