@@ -1,25 +1,27 @@
 """A run owns the engines it uses (serve_apps/app_claims.py, the engine hash on every
-result). Real drivers on the shared Ray cluster:
+result). On the shared Ray cluster:
 
 - Run B with run A's serve.app_name and another engine setting, while A streams: B is
   refused before it deploys anything, naming A's run; A's replicas are untouched and A
-  completes exactly.
+  completes exactly. A is a driver of its own (another Ray job than B's: the claims are
+  the cluster's, not a job's).
 - The app redeployed under A outside raygen (as `serve deploy` or a RayService update
   would): A stops at the first row from the other engine, writes none of them, and the
-  rerun completes exactly with A's own engine again.
+  rerun completes exactly with A's own engine again. A's driver runs in the test process.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from jobs.config import parse_config
 from jobs.runs.run import RunError
 from tests.integration.helpers import (assert_run_exact, engine_urls, read, replica_infos, run,
-                                       run_config, set_faults, store_of, write_prompts,
+                                       run_config, set_faults, slowed, store_of, write_prompts,
                                        write_yaml)
 from tests.support.waiting import wait_until
 
@@ -41,6 +43,20 @@ def _driver(tree: dict, tmp_path, name: str) -> subprocess.Popen:
                             stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT)
 
 
+def _in_thread(tree: dict) -> dict:
+    """A session of ``tree`` in this process, in a thread not yet started: the dict gets
+    its Summary ("summary") or the exception it ended in ("error")."""
+    outcome: dict = {}
+
+    def drive():
+        try:
+            outcome["summary"] = run(tree)
+        except BaseException as exc:  # noqa: BLE001 - asserted by the caller
+            outcome["error"] = exc
+    outcome["thread"] = threading.Thread(target=drive, name=f"driver {tree['job']['run_name']}")
+    return outcome
+
+
 def _replica_hashes(foreign_to: str = "") -> dict[str, str]:
     """replica id -> engine hash of both replicas (with ``foreign_to``: of two replicas
     whose hash is not that one, as a rollout brings them)."""
@@ -56,23 +72,37 @@ def _first_rows(store) -> int:
 def test_a_second_run_cannot_swap_a_live_runs_engines(ray_cluster, s3_endpoint, tmp_path):
     from serve_apps.app import deployed_engine_hash
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
-    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-a")
+    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-a", inflight_rows_per_actor=16)
     tree_b = _tree(tmp_path, s3_endpoint, rows, 0.02, "other-b")  # another engine setting
     hash_a = deployed_engine_hash(parse_config(tree_a).engine)
-    a = _driver(tree_a, tmp_path, "a")
+    # A runs in this process (a thread), B is a driver of its own: another Ray job than
+    # A's, as two users' runs are (one driver process, not two: A's would be a Ray job with
+    # new worker processes for all its stages; B is refused before it starts any). A's
+    # engines decode 10x slower until B is refused (helpers.slowed; 16 rows in flight:
+    # ~45 s of rows left at the first durable ones), so A still holds its claim however
+    # long B's interpreter takes to start; A's last rows run at full speed.
+    outcome = _in_thread(tree_a)
+    a, b = outcome["thread"], None
     try:
-        _first_rows(store_of(tree_a))
-        with pytest.raises(RunError) as info:
-            run(tree_b)
-        message = str(info.value)
-        print(f"\nrefused: {message.splitlines()[0]}")
-        assert f"Serve app {APP!r} is in use by another live run" in message
-        assert store_of(tree_a).uri in message  # names the run it would have disturbed
-        assert set(_replica_hashes().values()) == {hash_a}  # A's engines, untouched
-        assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
+        with slowed(tree_a, 10):
+            a.start()
+            _first_rows(store_of(tree_a))
+            b = _driver(tree_b, tmp_path, "b")
+            code = b.wait(timeout=300)
+            message = (tmp_path / "b.log").read_text()
+            assert code == 1, message[-3000:]  # the CLI's exit for a RunError
+            refusal = [line for line in message.splitlines() if line.startswith("error: ")]
+            print(f"\nrefused: {refusal[:1]}")
+            assert f"Serve app {APP!r} is in use by another live run" in message
+            assert store_of(tree_a).uri in message  # names the run it would have disturbed
+            assert set(_replica_hashes().values()) == {hash_a}  # A's engines, untouched
     finally:
-        if a.poll() is None:
-            a.kill()
+        if b is not None and b.poll() is None:
+            b.kill()
+        if a.ident is not None:
+            a.join(timeout=300)
+    assert not a.is_alive() and outcome.get("summary") is not None, outcome  # A: exit 0
+    assert outcome["summary"].status == "succeeded"
     assert_run_exact(tree_a, [f"p{i:05d}" for i in range(ROWS)])
     assert read(tree_b, "data").empty  # B wrote no row
 
@@ -92,7 +122,11 @@ def test_a_redeploy_outside_raygen_stops_the_run_before_a_foreign_row(ray_cluste
                             "backoff_max_s": 1.0})
     other = parse_config(_tree(tmp_path, s3_endpoint, rows, 0.03))
     hash_a = deployed_engine_hash(parse_config(tree_a).engine)
-    a = _driver(tree_a, tmp_path, "c")
+    # A's driver runs in this process (in a thread; its session ends in RunError, the CLI's
+    # exit 1): nothing here kills it, and a driver of its own is a Ray job of its own.
+    outcome = _in_thread(tree_a)
+    a = outcome["thread"]
+    a.start()
     try:
         _first_rows(store_of(tree_a))
         # A's own engines answer every new request 503 (retried): no row A sends from now
@@ -103,11 +137,12 @@ def test_a_redeploy_outside_raygen_stops_the_run_before_a_foreign_row(ray_cluste
         # What `serve deploy` / a RayService update does: no claim, just the new app.
         serve.run(build_app(other.engine, other.serve), name=APP, route_prefix=None)
         foreign = set(_replica_hashes(foreign_to=hash_a))
-        assert a.wait(timeout=300) == 1, (tmp_path / "c.log").read_text()[-3000:]
+        a.join(timeout=300)
+        assert not a.is_alive(), "A's session must end"
     finally:
-        if a.poll() is None:
-            a.kill()
-    log = (tmp_path / "c.log").read_text()
+        a.join(timeout=300)
+    assert isinstance(outcome.get("error"), RunError), outcome  # the CLI's exit 1
+    log = str(outcome["error"])
     assert f"not this run's {hash_a}: the app was redeployed under the run" in log, log[-3000:]
     data = read(tree_a, "data")
     assert 0 < len(data) < ROWS
