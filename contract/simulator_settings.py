@@ -65,6 +65,12 @@ class SimulatorSettings(BaseModel):
     speculative_num_draft_tokens: int = Field(
         4, ge=2, description="--speculative-num-draft-tokens: spec_num_proposed_drafts = verify steps x (this - 1)."
     )
+    speculative_algorithm: Literal["EAGLE", "EAGLE3", "STANDALONE", "DFLASH"] = Field(
+        "EAGLE", description="The algorithm /server_info reports while speculative decoding is on, as SGLang resolves "
+        "it (NEXTN arrives as EAGLE: contract/spec_resolution.py)."
+    )
+    speculative_num_steps: int = Field(3, ge=1, description="--speculative-num-steps as resolved, for /server_info.")
+    speculative_eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk as resolved, for /server_info.")
     length_median_tokens: float = Field(
         2270.0, gt=0, description="Median natural output length in tokens (lognormal, includes the EOS token)."
     )

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import os
 import time
+import urllib.request
 from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
 from ray import serve
@@ -28,7 +30,7 @@ from ray import serve
 from contract.config import EngineConfig, SGLangEngineConfig, parse_engine_config
 from contract.outcomes import EngineDead, ReplicaError
 from contract.protocol import GenerateRequest, GenerateResult
-from serve_apps import canary, gpu_pinning
+from serve_apps import canary, engine_resolution, gpu_pinning
 from serve_apps.chat_format import (assistant_spans, model_template_renderer,
                                     probed_assistant_spans, render_prompt)
 from serve_apps.engine_client import EngineClient, effective_running_cap
@@ -70,6 +72,10 @@ class EngineBackend(Protocol):
         """Why the engine is gone: exit code and its last output."""
         ...
 
+    def server_info(self) -> dict[str, Any]:
+        """The engine's /server_info, read once at start (blocking)."""
+        ...
+
     def stop(self) -> None: ...
 
 
@@ -95,6 +101,10 @@ class ProcessBackend:
     def exit_report(self) -> str:
         return f"engine exited with code {self.process.returncode()}:\n{self.process.last_lines()}"
 
+    def server_info(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/server_info", timeout=60) as resp:
+            return json.loads(resp.read())
+
     def stop(self) -> None:
         self.process.stop()
 
@@ -111,6 +121,11 @@ class EngineReplica:
         self.replica_id = _replica_id()
         started_at = time.time()
         self.engine = backend(cfg, f"engine[{self.replica_id}]")
+        try:  # before serving a row: the job planned from the config (engine_resolution.py)
+            engine_resolution.check(cfg, self.engine.server_info())
+        except BaseException:
+            self.engine.stop()
+            raise
         # None: idle time not published (outside Serve); the job reads it (engine_clock.py)
         self.clock = clock(_app_name(), self.replica_id, started_at, time.time()) if clock else None
         self.client = self.engine.client

@@ -7,6 +7,8 @@ path, two engines).
 
 from __future__ import annotations
 
+from typing import Any
+
 from contract import spec_resolution
 from contract.config import EngineConfig, SGLangEngineConfig
 
@@ -21,21 +23,25 @@ def launch_command(cfg: EngineConfig, host: str, port: int) -> list[str]:
         "context_length": cfg.context_length,
         "max_running_requests": cfg.max_running_requests,
         "speculative_reserved_tokens": cfg.reserved_tokens,
-        **_simulated_draft_tokens(cfg),
+        **_simulated_speculation(cfg),
         # Speculative stats appear only when speculative decoding is on, as in SGLang.
         **({} if cfg.speculative else {"accept_length": 0.0}),
     })
     return launch.build_command(settings, host, port)
 
 
-def _simulated_draft_tokens(cfg: EngineConfig) -> dict[str, int]:
-    """The verify width the simulator reports drafts against: SGLang's resolved one
-    (DFLASH without a block size in the config: SGLang's default block)."""
+def _simulated_speculation(cfg: EngineConfig) -> dict[str, Any]:
+    """The speculative settings as SGLang resolves them, which the simulator reports in
+    /server_info and drafts against (DFLASH without a block size in the config: SGLang's
+    default block)."""
     resolved = cfg.resolved_speculative
     if resolved is None:
         return {}
     return {"speculative_num_draft_tokens":
-            resolved.num_draft_tokens or spec_resolution.DFLASH_DEFAULT_BLOCK_SIZE}
+            resolved.num_draft_tokens or spec_resolution.DFLASH_DEFAULT_BLOCK_SIZE,
+            "speculative_algorithm": resolved.algorithm,
+            "speculative_num_steps": resolved.num_steps,
+            "speculative_eagle_topk": resolved.eagle_topk}
 
 
 def launch_env(cfg: EngineConfig) -> dict[str, str]:

@@ -201,7 +201,9 @@ class Simulator:
                 "served_model_name": s.model_name,
                 "context_length": s.context_length,
                 "max_running_requests": s.max_running_requests,
-                "speculative_algorithm": "NEXTN" if s.speculative else None,
+                # SGLang's resolved server args (engine_resolution.py compares them)
+                **{f"speculative_{k}": getattr(s, f"speculative_{k}") if s.speculative else None
+                   for k in ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens")},
                 "version": VERSION,
                 # SGLang appends the scheduler's internal state (scheduler_components/internal_state.py).
                 "internal_states": [{"effective_max_running_requests_per_dp": s.max_running_requests}],

@@ -40,6 +40,7 @@ import pytest
 from contract.config import SGLangEngineConfig, SpeculativeConfig
 from contract import context_budget
 from jobs.config import load_config, rows_per_replica
+from serve_apps.engine_resolution import mismatches
 from serve_apps.engines.sglang import build_command
 from tests.contract.sglang import sglang_cpu
 
@@ -117,6 +118,8 @@ def _resolve(sglang, cfg: SGLangEngineConfig, root: Path, dflash_block: Optional
             "reserved": compute_num_reserved_tokens(),
             "max_running_requests": running,
             "context_length": model_config_of(sa).context_len,
+            # the top of the engine's /server_info (build_server_info: resolved_dict)
+            "server_info": sa.resolved_dict(),
         }
 
 
@@ -138,6 +141,8 @@ def test_shipped_config_plans_what_sglang_resolves(sglang, tmp_path, path):
     run = load_config(str(path))
     cfg = run.engine
     resolved = _resolve(sglang, cfg, tmp_path)
+    # The replica's start check finds nothing on the engine SGLang would start from it.
+    assert mismatches(cfg, resolved.pop("server_info")) == []
     assert _planned(cfg) == resolved
     # The longest prompt raygen admits is the one SGLang accepts with that reserve.
     assert context_budget.max_input_tokens(cfg.context_length, cfg.reserved_tokens) == \
@@ -173,6 +178,7 @@ def test_speculative_combinations_resolve_as_raygen_plans(sglang, tmp_path, name
                              max_running_requests=8, speculative=SpeculativeConfig(**spec),
                              extra_args=extra)
     resolved = _resolve(sglang, cfg, tmp_path, dflash_block=block)
+    assert mismatches(cfg, resolved.pop("server_info")) == []  # the replica's start check
     assert cfg.reserved_tokens == resolved["reserved"]  # the figure a 400 hangs on
     planned = _planned(cfg)
     if planned["steps_topk_drafts"][2] is None:

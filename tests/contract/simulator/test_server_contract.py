@@ -228,7 +228,10 @@ def test_health_and_server_info(sim_fast):
     status, info = sim_fast.call("/server_info")
     assert status == 200
     assert info["model_path"] == "sim-qwen" and info["context_length"] == 32768 and info["max_running_requests"] == 48
-    assert info["speculative_algorithm"] == "NEXTN" and info["version"] == "0.5.23-sim"
+    assert info["version"] == "0.5.23-sim"
+    # Speculation as SGLang's resolved server args report it: NEXTN 3/1/4 runs as EAGLE.
+    assert [info[f"speculative_{k}"] for k in ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens")] == \
+        ["EAGLE", 3, 1, 4]
     assert info["simulator"]["time_scale"] == 0.0 and info["simulator"]["length_sigma"] == P.sigma
     assert sim_fast.call("/get_server_info") == (status, info)
 

@@ -79,3 +79,30 @@ def test_the_canary_runs_on_the_real_engines_and_their_greedy_outputs_agree(sgla
     infos = replica_infos(sglang_cpu.APP, 2, 120, where=lambda i: i["canary_digest"])
     assert len({i["canary_digest"] for i in infos.values()}) == 1, infos
     assert not any(i["drained"] for i in infos.values())
+
+
+def test_the_replicas_start_check_reads_what_the_real_engine_resolved(sglang_pool):
+    """The pool's replicas started (their check passed); here the same check on each real
+    engine's /server_info, against the pool's plan and against plans it does not hold: the
+    fields raygen compares are the ones SGLang reports, under the names it reports them."""
+    from contract.config import parse_engine_config
+    from serve_apps.engine_resolution import mismatches
+    section = sglang_cpu.engine_section(sglang_pool.model)
+    plan = parse_engine_config(section)
+    infos = replica_infos(sglang_cpu.APP, 2, 120)
+    for info in infos.values():
+        server = info["server_info"]
+        assert mismatches(plan, server) == [], server
+        more = parse_engine_config({**section, "max_running_requests": 17})
+        (line,) = mismatches(more, server)
+        assert line.startswith("engine.max_running_requests: the job plans 17") and \
+            "at most 16" in line
+        longer = parse_engine_config({**section, "context_length": sglang_cpu.CONTEXT * 2})
+        (line,) = mismatches(longer, server)
+        assert line.startswith(f"engine.context_length: the job plans prompts and budgets "
+                               f"for {sglang_cpu.CONTEXT * 2} tokens, the engine resolved "
+                               f"{sglang_cpu.CONTEXT}")
+        speculative = parse_engine_config({**section, "speculative": {"algorithm": "NEXTN"}})
+        assert mismatches(speculative, server) == [
+            "engine.speculative: the job plans EAGLE (as SGLang resolves the config), the "
+            "engine runs None"]

@@ -16,6 +16,7 @@ from contract.config import SimulatorEngineConfig
 from serve_apps.canary import PROMPTS
 from serve_apps.engine_client import EngineOutput
 from serve_apps.engine_deployment import EngineReplica
+from serve_apps.engine_resolution import EngineResolvedOtherwise
 from contract.outcomes import EngineBadRequest, EngineDead, EngineUnavailable, route
 from contract.protocol import GenerateRequest
 
@@ -69,8 +70,14 @@ class FakeBackend:
     def exit_report(self) -> str:
         return "engine exited with code 1:\nCUDA error: an illegal memory access"
 
+    def server_info(self) -> dict[str, Any]:
+        return dict(START_INFO)  # what the engine resolved, read at start (nothing said)
+
     def stop(self) -> None:
         self.stopped += 1
+
+
+START_INFO: dict[str, Any] = {}
 
 
 def _replica() -> tuple[EngineReplica, FakeBackend]:
@@ -269,3 +276,32 @@ def test_a_canary_that_differs_once_is_sent_again_and_does_not_drain():
     assert len(sent) == 2 * len(PROMPTS)  # the round, then its confirmation
     assert replicas[0].watch.drained is None
     assert replicas[0].canary_digest == replicas[1].canary_digest
+
+
+def test_an_engine_that_resolved_fewer_running_requests_is_stopped_before_serving(monkeypatch):
+    # SGLang's scheduler may run fewer requests than --max-running-requests (its KV pool):
+    # the job planned rows in flight for the config's cap, so the replica refuses.
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=4096, max_running_requests=32)
+    monkeypatch.setitem(START_INFO, "internal_states",
+                        [{"effective_max_running_requests_per_dp": 24}])
+    backends: list[FakeBackend] = []
+
+    def backend(cfg, name):
+        backends.append(FakeBackend(cfg, name))
+        return backends[-1]
+    with pytest.raises(EngineResolvedOtherwise) as info:
+        EngineReplica(cfg, backend=backend)
+    assert "engine.max_running_requests: the job plans 32" in str(info.value)
+    assert "runs at most 24" in str(info.value)
+    assert backends[0].stopped == 1  # its engine does not outlive the refused replica
+
+
+def test_an_engine_that_resolved_what_the_job_planned_starts():
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=4096, max_running_requests=32)
+    START_INFO.update(context_length=4096, max_running_requests=32,
+                      internal_states=[{"effective_max_running_requests_per_dp": 32}])
+    try:
+        replica = EngineReplica(cfg, backend=FakeBackend)
+    finally:
+        START_INFO.clear()
+    assert replica.engine.stopped == 0

@@ -21,6 +21,7 @@ from contract.config import (SGLangEngineConfig, SimulatorEngineConfig, Speculat
                              parse_engine_config)
 from serve_apps.engine_client import EngineOutput, effective_running_cap
 from serve_apps.engines import launch_command
+from serve_apps.engine_resolution import mismatches
 from contract.simulator_settings import SimulatorSettings
 from serve_apps.generation import Generator
 
@@ -95,6 +96,27 @@ def test_simulator_gets_sglangs_reserve_from_the_speculative_config():
     settings = SimulatorSettings.from_cli_args(cmd[cmd.index("--port") + 2:])
     assert settings.speculative_reserved_tokens == cfg.reserved_tokens == 4
     assert settings.speculative_num_draft_tokens == 4
+
+
+@pytest.mark.parametrize("spec, resolved", [
+    (dict(algorithm="NEXTN", num_steps=3, eagle_topk=1, num_draft_tokens=8), ("EAGLE", 3, 1, 4)),
+    (dict(algorithm="EAGLE3", num_steps=5, eagle_topk=4, num_draft_tokens=8, draft_model_path="d"),
+     ("EAGLE3", 5, 4, 8)),
+    (dict(algorithm="DFLASH", draft_model_path="d"), ("DFLASH", 1, 1, 16)),
+])
+def test_simulator_runs_the_speculation_sglang_resolves(spec, resolved):
+    # ... and reports it in /server_info as SGLang does, so the replica's start check
+    # (engine_resolution.py) finds the simulated engine as planned.
+    cfg = SimulatorEngineConfig(kind="simulator", context_length=4096,
+                                speculative=SpeculativeConfig(**spec))
+    cmd = launch_command(cfg, "127.0.0.1", 30000)
+    s = SimulatorSettings.from_cli_args(cmd[cmd.index("--port") + 2:])
+    assert (s.speculative_algorithm, s.speculative_num_steps, s.speculative_eagle_topk,
+            s.speculative_num_draft_tokens) == resolved
+    info = {"context_length": s.context_length, "max_running_requests": s.max_running_requests,
+            **{f"speculative_{k}": getattr(s, f"speculative_{k}")
+               for k in ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens")}}
+    assert mismatches(cfg, info) == []
 
 
 def test_effective_running_cap_prefers_the_schedulers_own_figure():
