@@ -9,6 +9,11 @@ export AWS_DEFAULT_REGION ?= us-east-1
 export AWS_EC2_METADATA_DISABLED := true
 export RAY_USAGE_STATS_ENABLED := 0
 export RAYGEN_S3_ENDPOINT ?= http://127.0.0.1:9330
+# Python caches what it compiles (__pycache__): the suite and a run start hundreds of
+# processes (Ray workers, engines, drivers) that import the project's own modules, and an
+# environment that turns the cache off would have each compile them again (~0.4 CPU-s a
+# process on a 2-core machine).
+unexport PYTHONDONTWRITEBYTECODE
 DEMO_ROWS ?= 300
 DEMO_SIM_ROWS ?= 2400
 # Extra pytest options for the test targets, e.g. make test PYTEST_FLAGS=--durations=50

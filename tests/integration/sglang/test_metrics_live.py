@@ -31,8 +31,10 @@ from tests.support.prometheus import (INTERVAL_S, PromError, panel_targets, runn
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.prometheus]
 
-# ~56K tokens: a run of 20-40 s on two CPU engines (prompts of ~95 tokens + 140 fit 256)
-ROWS, TOKENS = 400, 140
+# ~22K tokens: a run of ~10-20 s on two CPU engines (prompts of ~95 tokens + 140 fit 256),
+# with Ray's metric reports before, during and after it; every panel's window spans the
+# whole session (its __rate_interval), so a longer run adds no series, only minutes
+ROWS, TOKENS = 160, 140
 APP_SEL = f'application="{sglang_cpu.APP}"'
 
 # Targets of Ray's Serve LLM SGLang dashboard ("title [refId]") that cannot return data
