@@ -32,6 +32,7 @@ import pytest
 from cluster import gpu_smoke
 from jobs.config import SamplingConfig, load_config
 from contract.config import STRICT_THINKING_FLAG, SGLangEngineConfig, SpeculativeConfig
+from contract import spec_resolution
 from serve_apps.engine_client import EngineClient, parse_meta
 from serve_apps.engines.sglang import build_command
 from dashboards.metrics_catalog import SGLANG_SERIES
@@ -82,7 +83,9 @@ OPTIONAL_FIELDS: dict[str, Any] = {
                    "enable_cache_report": True, "disable-radix-cache": False,
                    "chunked-prefill-size": "-1", "mamba-radix-cache-strategy": "auto"},
 }
-SPECULATIVE = [None, "NEXTN", "EAGLE", "EAGLE3", "STANDALONE"]
+# DFLASH: raygen sends no steps, topk or draft tokens (SGLang takes the block size from
+# the drafter's config: contract/spec_resolution.py), so the parser must read none.
+SPECULATIVE = [None, "NEXTN", "EAGLE", "EAGLE3", "STANDALONE", "DFLASH"]
 
 
 def _variant(fields: tuple[str, ...], reasoning: Optional[str], metrics: bool,
@@ -98,7 +101,7 @@ def _variant(fields: tuple[str, ...], reasoning: Optional[str], metrics: bool,
 
 
 def all_variants() -> list[SGLangEngineConfig]:
-    """Every branch of build_command on and off: 2^5 x 2 x 2 x 5 = 640 commands."""
+    """Every branch of build_command on and off: 2^5 x 2 x 2 x 6 = 768 commands."""
     names = list(OPTIONAL_FIELDS)
     subsets = [c for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
     return [_variant(fields, reasoning, metrics, algo)
@@ -112,6 +115,7 @@ def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
 
 def _expected_values(cfg: SGLangEngineConfig) -> dict[str, Any]:
     spec = cfg.speculative
+    from_drafter = spec is not None and spec.algorithm in spec_resolution.FROM_DRAFTER
     return {
         # No nccl_port: SGLang picks it itself when it binds it (issue #12).
         "model_path": cfg.model_path, "host": HOST, "port": PORT, "nccl_port": None,
@@ -128,8 +132,9 @@ def _expected_values(cfg: SGLangEngineConfig) -> dict[str, Any]:
             "cuda_graph_backend_decode": "disabled",
             "cuda_graph_backend_prefill": "disabled", "sleep_on_idle": True}
            if cfg.device == "cpu" else {}),
-        **({"speculative_num_steps": spec.num_steps, "speculative_eagle_topk": spec.eagle_topk,
-            "speculative_num_draft_tokens": spec.num_draft_tokens,
+        **({"speculative_num_steps": None if from_drafter else spec.num_steps,
+            "speculative_eagle_topk": None if from_drafter else spec.eagle_topk,
+            "speculative_num_draft_tokens": None if from_drafter else spec.num_draft_tokens,
             "speculative_draft_model_path": spec.draft_model_path} if spec else {}),
     }
 
@@ -153,7 +158,7 @@ def _check_parsed(parser: argparse.ArgumentParser, cfg: SGLangEngineConfig,
 
 def test_every_launch_command_parses_with_sglangs_parser(sglang, sglang_parser):
     variants = all_variants()
-    assert len(variants) == 640
+    assert len(variants) == 768
     problems = []
     for cfg in variants:
         argv = _argv(cfg)
