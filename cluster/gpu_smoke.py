@@ -1,21 +1,26 @@
-"""GPU smoke run: raygen's real SGLang path on one NVIDIA GPU, in under 10 minutes.
+"""Smoke run of the config you will run, on one GPU: it fails when the run would.
 
-    cluster/gpu_smoke.sh [--model DIR] [--draft DIR] [--rows N] [--no-spec] [--deadline-s S]
+    cluster/gpu_smoke.sh [--config FILE] [--model DIR] [--draft DIR] [--rows N]
+                         [--prompts FILE] [--output DIR]
 
-For the day a GPU is lent: on a machine with one NVIDIA GPU and the pinned SGLang
-0.5.23 in this interpreter (the raygen image, or a venv: run the script with that
-venv's python, PYTHON=...), with no network needed. It starts the local stack (moto S3
-+ a Ray head), then runs `python -m jobs.generate` on a small local model (default: the
-tiny sampled model raygen builds offline, serve_apps/engines/sglang_cpu/models.py;
-any HF model folder on disk with --model), first without speculative decoding, then
-with it (STANDALONE, the model itself as its draft unless --draft names another; off
-with --no-spec), and prints per phase: the engine's start-up time, tok/s, finish
-reasons, accept length (tokens / verify steps, from the engine's own meta_info) and
-the engine's /server_info. Every phase is bounded by the deadline; the Serve app and
-the local stack are stopped on the way out, and no engine is left running.
+Runs the engine section of the named config (default: jobs/configs/qwen36-27b-b200.yaml)
+on one replica, everything else as the config has it: the model's flags, speculation,
+sampling, the budget, and the rows each engine holds in flight in the real run (the
+job's rows in flight over its replicas); --model and --draft put local folders in place
+of the model and its drafter, nothing else changes. --rows prompts (the demo's mixed set,
+or --prompts FILE) stream through it into a local folder (--output; no S3 needed, so it
+runs in the image as it is), then the checks of cluster/smoke_checks.py read what came
+back: every row finished, accept length above 1 with speculation on, no flagged row, the
+engine's effective running cap and KV pool holding the rows in flight at the budget, no
+retraction. A config whose engine runs on the CPU (``device: cpu``) needs no GPU: the
+tests show the checks failing that way on SGLang's CPU engine.
 
-On a machine without a GPU it stops before starting anything, saying what is missing
-(exit 2); tests/contract/cluster/test_gpu_smoke.py runs it that far on CPU.
+It attaches to a running Serve app of the config's name with the same engine (that
+engine is then what is checked) or deploys one replica, which it deletes on the way out;
+a Ray cluster it started is stopped too. Exit 0: every check passed; 1: a check failed
+(each printed as ``gpu_smoke: FAILED <check>: ...``, with the run's error when it ended
+early); 2: this machine cannot run it (a cuda engine and no GPU, no SGLang 0.5.23) or the
+arguments or config are wrong (nothing started).
 """
 
 from __future__ import annotations
@@ -27,43 +32,49 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".local" / "gpu-smoke"
-APP = "raygen-gpu-smoke"
+DEFAULT_CONFIG = REPO / "jobs" / "configs" / "qwen36-27b-b200.yaml"
 SGLANG = "0.5.23"
 SERVER_INFO_KEYS = ("version", "model_path", "device", "context_length", "max_total_num_tokens",
-                    "max_running_requests", "speculative_algorithm", "attention_backend",
-                    "cuda_graph_max_bs_decode", "mem_fraction_static")
+                    "max_running_requests", "speculative_algorithm",
+                    "speculative_num_draft_tokens", "attention_backend", "mem_fraction_static")
 
 
 class Refused(Exception):
-    """The machine cannot run the smoke test; the message says why."""
+    """The smoke run cannot start here; the message says why."""
+
+
+class Stopped(BaseException):
+    """SIGTERM while the smoke session runs (the shell wrapper's timeout)."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cluster/gpu_smoke.sh", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="local HF model folder (default: build raygen's tiny "
-                   "sampled model into .local/models/sampled)")
-    p.add_argument("--draft", help="draft model folder for STANDALONE speculation "
-                   "(default: --model itself)")
-    p.add_argument("--rows", type=int, default=64, help="prompts per phase (default 64)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--no-spec", action="store_true", help="skip the speculative phase")
-    p.add_argument("--deadline-s", type=float, default=570.0,
-                   help="stop everything after this long (default 570 s; the shell "
-                   "wrapper kills at 600)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG),
+                   help="the run config whose engine section is checked (default: the B200 one)")
+    p.add_argument("--model", help="a local model folder in place of engine.model_path")
+    p.add_argument("--draft", help="a local drafter folder in place of "
+                   "engine.speculative.draft_model_path")
+    p.add_argument("--rows", type=int, default=64, help="prompts sent (default 64)")
+    p.add_argument("--prompts", help="a JSONL prompt file (default: the demo's mixed set)")
+    p.add_argument("--output", default=str(WORK / "runs"), help="local folder for the rows")
     args = p.parse_args(argv)
-    if args.rows < 1 or args.max_new_tokens < 1 or args.deadline_s <= 0:
-        p.error("--rows, --max-new-tokens and --deadline-s must be positive")
+    if args.rows < 1:
+        p.error("--rows must be positive")
     return args
 
 
 def gpu_problem() -> Optional[str]:
-    """Why this machine cannot run the smoke test, or None."""
+    """Why this machine cannot run a cuda engine, or None."""
     try:
         from importlib.metadata import version
         installed = version("sglang")
@@ -83,137 +94,158 @@ def gpu_problem() -> Optional[str]:
     return None
 
 
-def model_dir(path: Optional[str]) -> Path:
-    if path:
-        folder = Path(path).expanduser().resolve()
-        if not (folder / "config.json").is_file():
-            raise Refused(f"--model {path}: no config.json there (a local HF model folder "
-                          f"is needed: no hub access is attempted)")
-        return folder
-    from serve_apps.engines.sglang_cpu import models
-    return models.ensure("sampled")
+def _folder(path: str, flag: str) -> str:
+    folder = Path(path).expanduser().resolve()
+    if not (folder / "config.json").is_file():
+        raise Refused(f"{flag} {path}: no config.json there (a local HF model folder is "
+                      f"needed: no hub access is attempted)")
+    return str(folder)
 
 
-def phase_config(model: Path, draft: Optional[Path], rows_file: Path, run_name: str,
-                 max_new_tokens: int) -> dict[str, Any]:
-    """The run config of one phase: the real engine on GPU 0, one replica."""
-    engine: dict[str, Any] = {
-        "kind": "sglang", "model_path": str(model), "served_model_name": "gpu-smoke",
-        "chat_template": "builtin", "reasoning_parser": "qwen3", "context_length": 4096,
-        "max_running_requests": 32, "mem_fraction_static": 0.5, "start_timeout_s": 420,
-        "request_timeout_s": 300}
-    if draft is not None:
-        engine["speculative"] = {"algorithm": "STANDALONE", "num_steps": 3, "eagle_topk": 1,
-                                 "num_draft_tokens": 4, "draft_model_path": str(draft)}
-    return {
-        "engine": engine,
-        "serve": {"app_name": APP, "max_ongoing_requests": 128, "num_cpus_per_replica": 1,
-                  "autoscaling": {"min_replicas": 1, "max_replicas": 1,
-                                  "target_ongoing_requests": 32}},
-        "job": {"input": str(rows_file), "output": "s3://raygen-demo/gpu-smoke",
-                "run_name": run_name, "max_new_tokens": max_new_tokens,
-                "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1},
-                "max_actors": 1, "inflight_rows_per_actor": 64, "batch_size": 16,
-                "rows_per_file": 64, "progress_interval_s": 5, "metrics_linger_s": 0},
-        "storage": {"endpoint_url": os.environ.get("RAYGEN_S3_ENDPOINT",
-                                                   "http://127.0.0.1:9330")},
-    }
+def smoke_tree(config: str, model: Optional[str], draft: Optional[str], prompts: Path,
+               output: str, run_name: str) -> dict[str, Any]:
+    """The smoke's run config: ``config`` on one replica that holds what one engine holds
+    in the real run, the prompts in, a local folder out."""
+    from jobs.config import ConfigError, load_config
+    from cluster.smoke_checks import rows_in_flight_per_engine
+    try:
+        planned = load_config(config)
+        tree = yaml.safe_load(Path(config).read_text())
+    except (ConfigError, OSError) as exc:
+        raise Refused(f"--config {config}: {exc}") from None
+    engine = tree["engine"]
+    if model:
+        engine["model_path"] = _folder(model, "--model")
+    if draft:
+        if not engine.get("speculative"):
+            raise Refused(f"--draft: {config} runs no speculative decoding")
+        engine["speculative"]["draft_model_path"] = _folder(draft, "--draft")
+    serve = tree.setdefault("serve", {})
+    scaling = serve.setdefault("autoscaling", {})
+    scaling.update(min_replicas=1, max_replicas=1)
+    per_engine = rows_in_flight_per_engine(planned)
+    tree["job"].update(input=str(prompts), output=output, run_name=run_name, min_actors=1,
+                       max_actors=1, inflight_rows_per_actor=per_engine)
+    tree["storage"] = {k: v for k, v in (tree.get("storage") or {}).items()
+                       if k not in ("endpoint_url",)}  # a local output needs no S3
+    return tree
 
 
-def run_phase(name: str, tree: dict[str, Any], deadline: float) -> dict[str, Any]:
-    """Deploy (timed), run the job through its CLI, read the rows back."""
-    import ray
-    import yaml
+def _metrics_text(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return resp.read().decode()
+
+
+def run_phase(tree: dict[str, Any], prompts: int):
+    """Deploy or attach (timed), one session in this process, what came back:
+    (smoke_checks.Phase, figures, the run's error or None)."""
     from ray import serve
 
+    from cluster.smoke_checks import Phase, accept_length
     from jobs.config import parse_config
     from jobs.io.run_store import RunStore
+    from jobs.pipeline.settings import RunMode
+    from jobs.runs.run import RunError, run_job
     from serve_apps.app import deploy_or_attach
 
     cfg = parse_config(tree)
-    config_file = WORK / f"{name}.yaml"
-    config_file.write_text(yaml.safe_dump(tree))
-    if not ray.is_initialized():
-        ray.init(address="auto", log_to_driver=False)
     started = time.monotonic()
     handle = deploy_or_attach(cfg.engine, cfg.serve)
     startup_s = time.monotonic() - started
     info = handle.info.remote().result()
-    left = deadline - time.monotonic()
-    if left < 30:
-        raise TimeoutError(f"{name}: the deadline passed while the engine started")
-    job_started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "jobs.generate", "--config", str(config_file)],
-                          cwd=REPO, timeout=left, capture_output=True, text=True)
+    error, job_started = None, time.monotonic()
+    try:
+        run_job(cfg, RunMode.of_flags(), stop_exc=Stopped)
+    except RunError as exc:
+        error = str(exc).split("\n")[0]
     job_s = time.monotonic() - job_started
-    print(done.stdout[-2000:], flush=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name}: jobs.generate exited {done.returncode}:\n{done.stderr[-3000:]}")
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
     data = store.read_kind("data").to_pandas()
-    serve.delete(APP)
-    verify = data.spec_verify_ct.fillna(0)
-    spec_rows = verify > 0
-    return {
-        "phase": name, "engine_startup_s": round(startup_s, 1), "rows": len(data),
-        "job_s": round(job_s, 1),  # the whole `jobs.generate` process, start-up included
-        "tok_s": round(float(data.completion_tokens.sum()) / job_s, 1),
-        "finish_reasons": data.finish_reason.value_counts().to_dict(),
-        "accept_length": (round(float(data.completion_tokens[spec_rows].sum()
-                                      / verify[spec_rows].sum()), 3)
-                          if spec_rows.any() else None),
+    phase = Phase(cfg=cfg, prompts=prompts, data=data,
+                  failures=store.read_kind("failures").num_rows,
+                  server_info=info["server_info"], metrics_text=_metrics_text(info["engine_url"]))
+    figures = {
+        "engine_startup_s": round(startup_s, 1), "rows": len(data), "job_s": round(job_s, 1),
+        "tok_s": round(float(data.completion_tokens.sum()) / job_s, 1) if len(data) else 0.0,
+        "finish_reasons": data.finish_reason.value_counts().to_dict() if len(data) else {},
+        "accept_length": accept_length(data),
         "server_info": {k: info["server_info"].get(k) for k in SERVER_INFO_KEYS},
     }
+    return phase, figures, error
 
 
 def leftover_engines() -> list[int]:
-    """Engine processes of this checkout still running (there must be none at the end)."""
+    """Engine processes still running (none may be left by a smoke run that started them)."""
     out = subprocess.run(["pgrep", "-f", "sglang.launch_server"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    deadline = time.monotonic() + args.deadline_s
+    from jobs.demo_prompts import build
+    from cluster.smoke_checks import failed
+
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    WORK.mkdir(parents=True, exist_ok=True)
+    prompts = WORK / f"prompts-{stamp}.jsonl"
     try:
-        model = model_dir(args.model)
-        draft = None if args.no_spec else (Path(args.draft).resolve() if args.draft else model)
-        print(f"gpu_smoke: model {model}" + (f", draft {draft}" if draft else ""), flush=True)
-        problem = gpu_problem()
+        if args.prompts:  # its first --rows prompts
+            try:
+                text = Path(args.prompts).read_text()
+            except OSError as exc:
+                raise Refused(f"--prompts {args.prompts}: {exc}") from None
+            lines = [line for line in text.splitlines() if line.strip()][:args.rows]
+        else:
+            lines = [json.dumps(r) for r in build(args.rows)]
+        tree = smoke_tree(args.config, args.model, args.draft, prompts, args.output,
+                          f"smoke-{stamp}")
+        device = tree["engine"].get("device", "cuda")
+        print(f"gpu_smoke: {args.config}, engine {tree['engine'].get('model_path')} on {device}",
+              flush=True)
+        problem = gpu_problem() if device == "cuda" else None
         if problem:
             raise Refused(problem)
     except Refused as exc:
         print(f"gpu_smoke: cannot run here: {exc}", file=sys.stderr)
         return 2
+    prompts.write_text("".join(line + "\n" for line in lines))
+    sent = len(lines)
 
-    from cluster import local_stack
-    from jobs.demo_prompts import build
-
-    WORK.mkdir(parents=True, exist_ok=True)
-    rows_file = WORK / "prompts.jsonl"
-    rows_file.write_text("".join(json.dumps(r) + "\n" for r in build(args.rows)))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    phases = [("plain", None)] + ([] if draft is None else [("speculative", draft)])
-    results, status = [], 0
-    subprocess.run([sys.executable, "-m", "cluster.local_stack", "up"], cwd=REPO, check=True,
-                   timeout=max(deadline - time.monotonic(), 1))
+    import ray
+    from ray import serve
+    from jobs.config import parse_config
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(log_to_driver=False)
+    serve.start(proxy_location="Disabled")
+    app = parse_config(tree).serve.app_name
+    ours = app not in serve.status().applications  # else: attached, left running
+    status = 0
     try:
-        for name, phase_draft in phases:
-            tree = phase_config(model, phase_draft, rows_file, f"smoke-{stamp}-{name}",
-                                args.max_new_tokens)
-            results.append(run_phase(name, tree, deadline))
-            print(json.dumps(results[-1], indent=1), flush=True)
+        phase, figures, error = run_phase(tree, sent)
+        print(json.dumps(figures, indent=1, default=str), flush=True)
+        lines = failed(phase)
+        if error:
+            print(f"gpu_smoke: the run ended early: {error}", file=sys.stderr)
+        for line in lines:
+            print(f"gpu_smoke: FAILED {line}", file=sys.stderr)
+        status = 1 if lines else 0
     except Exception as exc:  # noqa: BLE001 - reported, then everything is stopped
-        print(f"gpu_smoke: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"gpu_smoke: FAILED rows: the smoke run itself failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         status = 1
     finally:
-        local_stack.stop_all()
-        left = leftover_engines()
-        if left:
-            print(f"gpu_smoke: engines still running after the stack stopped: {left}",
-                  file=sys.stderr)
-            status = 1
-    print(json.dumps({"results": results, "status": "ok" if status == 0 else "failed"}))
+        if ours:
+            serve.delete(app)
+        if started_ray:
+            serve.shutdown()
+            ray.shutdown()
+            left = leftover_engines()
+            if left:
+                print(f"gpu_smoke: engines still running after the smoke: {left}",
+                      file=sys.stderr)
+                status = 1
+    print(f"gpu_smoke: {'ok' if status == 0 else 'failed'}", flush=True)
     return status
 
 

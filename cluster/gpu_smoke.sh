@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# GPU smoke run of raygen's real SGLang path, bounded to 10 minutes, leaving nothing
-# running (cluster/gpu_smoke.py has the details):
+# Smoke run of the config you will run, on one GPU; it fails when the run would
+# (cluster/gpu_smoke.py has the details and cluster/smoke_checks.py the checks):
 #
-#   cluster/gpu_smoke.sh                          # the tiny model raygen builds, spec off then on
-#   cluster/gpu_smoke.sh --model /models/Qwen3-0.6B --no-spec
-#   PYTHON=/opt/venv/bin/python cluster/gpu_smoke.sh   # SGLang in another interpreter
+#   cluster/gpu_smoke.sh                                   # the B200 config's engine section
+#   cluster/gpu_smoke.sh --config jobs/configs/my-run.yaml --model /models/Qwen3.6-27B
+#   PYTHON=/opt/venv/bin/python cluster/gpu_smoke.sh       # SGLang in another interpreter
 #
-# Run from anywhere; it works in the repository it lives in. Exit 0: every phase ran;
-# 1: a phase failed (its error printed); 2: this machine cannot run it (no GPU, no SGLang).
+# Run from anywhere; it works in the repository it lives in. Exit 0: every check passed;
+# 1: a check failed (each named on stderr); 2: this machine cannot run it (a cuda engine
+# and no GPU, no SGLang) or the arguments are wrong. A hard stop after SMOKE_TIMEOUT_S
+# (default 900 s: a 27B model loads in minutes).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/.."
 PY="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || command -v python3 )}"
-# The Python side stops at its own deadline (570 s); this is the hard stop behind it.
-exec timeout --kill-after=20 600 "$PY" -m cluster.gpu_smoke "$@"
+exec timeout --kill-after=20 "${SMOKE_TIMEOUT_S:-900}" "$PY" -m cluster.gpu_smoke "$@"

@@ -12,8 +12,9 @@ line; the script exits 1 when there is any. The checks:
 - ``flagged``: no row carries an integrity flag (contract/integrity.py): loops, no think
   end, empty outputs on the engine the user is about to trust.
 - ``capacity``: the engine's effective running-request cap (its scheduler's, from
-  /server_info) and its KV pool (max_total_num_tokens) hold the rows the job keeps in
-  flight per engine at the config's budget (prompt + max_new_tokens each).
+  /server_info) is the config's, and its KV pool (max_total_num_tokens) holds that many
+  of the rows the job keeps in flight per engine at the config's budget (the median
+  prompt + max_new_tokens each).
 - ``retractions``: the engine retracted no request (sglang:num_retracted_requests_total):
   a retracted request is prefilled again, the symptom of a pool planned too small.
 
@@ -106,10 +107,14 @@ def _capacity(phase: Phase) -> list[str]:
     rows = rows_in_flight_per_engine(cfg)
     lines = []
     cap = effective_running_cap(info)
-    running = rows if cap is None else min(rows, cap)
-    if cap is not None and cap < min(rows, cfg.engine.planned_max_running_requests):
-        lines.append(f"capacity: the engine runs at most {cap} requests, the job keeps "
-                     f"{rows} rows in flight per engine")
+    planned = cfg.engine.planned_max_running_requests
+    # more rows in flight than running slots is the plan (a queue refills a finished
+    # slot at once); fewer slots than the config plans is not
+    running = min(rows, planned if cap is None else cap)
+    if cap is not None and cap < planned:
+        lines.append(f"capacity: the engine runs at most {cap} requests, the config plans "
+                     f"{planned} (engine.max_running_requests) for the {rows} rows in "
+                     f"flight per engine")
     pool = info.get("max_total_num_tokens")
     prompt = float(phase.data.prompt_tokens.median()) if len(phase.data) else 0.0
     need = running * (prompt + cfg.job.max_new_tokens)

@@ -67,6 +67,7 @@ MODULE_BUDGET_S: dict[str, float] = {
     "tests/integration/sglang/test_engine.py": 5,
     "tests/integration/sglang/test_every_turn.py": 7,
     "tests/integration/sglang/test_export_template.py": 5,
+    "tests/integration/sglang/test_gpu_smoke_cpu.py": 20,
     "tests/integration/sglang/test_job.py": 35,
     "tests/integration/sglang/test_metrics_live.py": 51,
     "tests/integration/sglang/test_replica_loss.py": 125,

@@ -1,17 +1,18 @@
-"""cluster/gpu_smoke.sh on this CPU machine, up to the point where it needs the GPU:
-its arguments, the model it builds, and the refusal (exit 2, nothing started) when no
-NVIDIA GPU is present. (What it runs on a GPU: the configs below, parsed by SGLang's
-own parser in tests/contract/sglang/test_sglang_contract.py.)"""
+"""cluster/gpu_smoke.sh on this CPU machine, up to where a cuda engine needs the GPU: its
+arguments, the refusals (exit 2, nothing started), and the run config it makes of the
+user's config. (The checks failing on SGLang's real CPU engine, one bad config each:
+tests/integration/sglang/test_gpu_smoke_cpu.py; the checks themselves:
+tests/unit/cluster/test_smoke_checks.py.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 from cluster import gpu_smoke
-from jobs.config import parse_config
+from cluster.smoke_checks import rows_in_flight_per_engine
+from jobs.config import load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "cluster" / "gpu_smoke.sh"
@@ -28,30 +29,41 @@ def test_help_and_bad_arguments():
     assert bad.returncode == 2 and "must be positive" in bad.stderr
 
 
-def test_without_a_gpu_it_builds_the_model_then_refuses_and_starts_nothing(tmp_path):
-    done = smoke(RAYGEN_MODEL_CACHE=str(tmp_path / "models"))
+def test_the_b200_config_without_a_gpu_is_refused_before_anything_starts():
+    done = smoke()
     assert done.returncode == 2, done.stderr
+    assert "qwen36-27b-b200.yaml, engine Qwen/Qwen3.6-27B on cuda" in done.stdout
     assert "cannot run here: no NVIDIA GPU on this machine" in done.stderr
-    card = json.loads((tmp_path / "models" / "sampled" / "raygen_model.json").read_text())
-    assert card["kind"] == "sampled"  # the model it would serve was built offline
-    assert f"model {tmp_path / 'models' / 'sampled'}" in done.stdout
-    # refused before the local stack (S3, Ray) was started
-    assert "local S3" not in done.stdout and "Ray runtime started" not in done.stdout + done.stderr
+    assert "Ray runtime started" not in done.stdout + done.stderr
 
 
-def test_a_model_folder_without_a_config_is_refused(tmp_path):
+def test_a_model_folder_without_a_config_or_a_bad_config_is_refused(tmp_path):
     done = smoke("--model", str(tmp_path))
-    assert done.returncode == 2 and "no config.json there" in done.stderr
+    assert done.returncode == 2 and "--model" in done.stderr and "no config.json there" in done.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine: {kind: sglang}\n")
+    done = smoke("--config", str(bad))
+    assert done.returncode == 2 and f"--config {bad}" in done.stderr
+    done = smoke("--prompts", str(tmp_path / "missing.jsonl"))
+    assert done.returncode == 2 and "--prompts" in done.stderr
 
 
-def test_both_phases_are_valid_run_configs_on_one_gpu(tmp_path):
-    model = tmp_path / "m"
-    for draft in (None, model):
-        cfg = parse_config(gpu_smoke.phase_config(model, draft, tmp_path / "p.jsonl",
-                                                  "smoke", 256))
-        assert (cfg.engine.kind, cfg.engine.device) == ("sglang", "cuda")
-        assert cfg.serve.autoscaling.max_replicas == 1
-        assert (cfg.engine.speculative is None) == (draft is None)
-        if draft is not None:
-            assert cfg.engine.speculative.algorithm == "STANDALONE"
-            assert cfg.engine.reserved_tokens == 0  # STANDALONE reserves no output slots
+def test_the_smoke_runs_the_configs_engine_with_one_engines_rows_in_flight(tmp_path):
+    path = REPO / "jobs" / "configs" / "qwen36-27b-b200.yaml"
+    planned = load_config(str(path))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    tree = gpu_smoke.smoke_tree(str(path), str(model), None, tmp_path / "p.jsonl",
+                                str(tmp_path / "out"), "smoke-x")
+    cfg = parse_config(tree)
+    # the engine section as the user will run it, the model path aside
+    assert cfg.engine.model_dump(exclude={"model_path"}) == \
+        planned.engine.model_dump(exclude={"model_path"})
+    assert cfg.engine.model_path == str(model)
+    assert (cfg.serve.autoscaling.min_replicas, cfg.serve.autoscaling.max_replicas) == (1, 1)
+    # one engine holds what each of the real run's engines holds, at the same budget
+    assert rows_in_flight_per_engine(cfg) == rows_in_flight_per_engine(planned)
+    assert cfg.job.max_new_tokens == planned.job.max_new_tokens
+    assert cfg.job.sampling == planned.job.sampling
+    assert cfg.job.output == str(tmp_path / "out") and cfg.storage.endpoint_url is None

@@ -29,7 +29,6 @@ from typing import Any, Optional
 
 import pytest
 
-from cluster import gpu_smoke
 from jobs.config import SamplingConfig, load_config
 from contract.config import STRICT_THINKING_FLAG, SGLangEngineConfig, SpeculativeConfig
 from contract import spec_resolution
@@ -62,16 +61,8 @@ def _shipped_engines() -> dict[str, SGLangEngineConfig]:
             "demo-cpu": load_config(str(DEMO)).engine,
             # The story demo's engine section as it would run on a GPU (demo-ish command).
             "demo-sim-as-sglang": SGLangEngineConfig(
-                **sim.model_dump(exclude={"kind", "simulator"}), kind="sglang"),
-            # cluster/gpu_smoke.sh's two phases (spec off, STANDALONE)
-            **{f"gpu-smoke-{name}": load_tree_engine(gpu_smoke.phase_config(
-                Path("/models/tiny"), draft, Path("p.jsonl"), "smoke", 256))
-               for name, draft in (("plain", None), ("spec", Path("/models/tiny")))}}
-
-
-def load_tree_engine(tree: dict) -> SGLangEngineConfig:
-    from jobs.config import parse_config
-    return parse_config(tree).engine
+                **sim.model_dump(exclude={"kind", "simulator"}), kind="sglang")}
+    # (cluster/gpu_smoke.sh runs a config's own engine section: the B200 one above)
 
 
 OPTIONAL_FIELDS: dict[str, Any] = {

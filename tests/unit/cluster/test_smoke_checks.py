@@ -71,11 +71,11 @@ def test_flagged_rows_fail_and_name_their_flags():
     assert line == "flagged: 2 of 4 rows carry integrity flags (missing_think_end, token_run)"
 
 
-def test_an_engine_that_runs_fewer_than_the_rows_in_flight_or_a_small_pool_fails_capacity():
+def test_an_engine_that_runs_fewer_requests_than_planned_or_a_small_pool_fails_capacity():
     phase = _phase()
     phase.server_info["internal_states"] = [{"effective_max_running_requests_per_dp": 8}]
     (line,) = failed(phase)
-    assert line.startswith("capacity: the engine runs at most 8 requests")
+    assert line.startswith("capacity: the engine runs at most 8 requests, the config plans 40")
     small = _phase()
     small.server_info["max_total_num_tokens"] = 20000
     (line,) = failed(small)
