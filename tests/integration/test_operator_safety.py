@@ -20,9 +20,9 @@ from contract.outcomes import route
 from contract.protocol import GenerateRequest
 from jobs import generate
 from jobs.analysis.status import holder_line
-from tests.integration.helpers import SLOW_APP, SLOW_ENGINE, run_config, write_prompts
-from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run,
-                                       run_with_faults, set_faults, store_of, write_yaml)
+from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run, run_config,
+                                       run_with_faults, set_faults, slowed, store_of,
+                                       write_prompts, write_yaml)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -114,28 +114,33 @@ def _driver(cfg, log):
 def test_one_job_per_run_and_takeover_after_sigkill(ray_cluster, s3_endpoint, tmp_path,
                                                     capsys):
     rows = write_prompts(tmp_path / "p.jsonl", 240)
+    # The shared fast app, slowed (helpers.slowed) only while the driver to be killed runs:
+    # at 32 rows in flight it is still mid-run (~15 s of generation) when the refused
+    # driver is done, and the takeover session runs at full speed.
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
-                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 6},
-                      engine=SLOW_ENGINE, app_name=SLOW_APP)
+                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 6,
+                           "inflight_rows_per_actor": 32})
     cfg = write_yaml(tmp_path / "lease.yaml", tree)
     store = store_of(tree)
-    first = _driver(cfg, open(tmp_path / "a.log", "w"))
-    try:
-        wait_until(lambda: _json(store, "progress.json").get("completed"), 180,
-                  "the first driver to write rows")
-        assert f"(pid {first.pid})" in holder_line(store)  # jobs.analysis.status names the holder
-        # The second and third drivers run in this process: only the killed one needs
-        # its own (two interpreter starts fewer).
-        capsys.readouterr()
-        assert generate.main(["--config", str(cfg)]) == 1
-        assert f"is held by job driver-{first.pid} on {socket.gethostname()} " \
-               f"(pid {first.pid}) since" in capsys.readouterr().err
-        assert first.poll() is None, "the refused driver must not disturb the holder"
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-    finally:
-        if first.poll() is None:
-            first.kill()
+    with slowed(tree):
+        first = _driver(cfg, open(tmp_path / "a.log", "w"))
+        try:
+            wait_until(lambda: _json(store, "progress.json").get("completed"), 180,
+                      "the first driver to write rows")
+            # jobs.analysis.status names the holder
+            assert f"(pid {first.pid})" in holder_line(store)
+            # The second and third drivers run in this process: only the killed one needs
+            # its own (two interpreter starts fewer).
+            capsys.readouterr()
+            assert generate.main(["--config", str(cfg)]) == 1
+            assert f"is held by job driver-{first.pid} on {socket.gethostname()} " \
+                   f"(pid {first.pid}) since" in capsys.readouterr().err
+            assert first.poll() is None, "the refused driver must not disturb the holder"
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        finally:
+            if first.poll() is None:
+                first.kill()
     # Resubmitted on the host where it ran: its pid is dead, so no wait for the timeout.
     assert generate.main(["--config", str(cfg)]) == 0
     third = capsys.readouterr().out
@@ -212,9 +217,10 @@ def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_
                                                                  tmp_path):
     proxy = FlakyProxy(int(s3_endpoint.rsplit(":", 1)[1]))
     rows = write_prompts(tmp_path / "p.jsonl", 160)
+    # The shared fast app, slowed (helpers.slowed) for the session: most parts are still
+    # to come when the outage starts.
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
-                      job={"rows_per_file": 16, "batch_size": 8},
-                      engine=SLOW_ENGINE, app_name=SLOW_APP)
+                      job={"rows_per_file": 16, "batch_size": 8})
     direct = store_of(tree)  # the test watches past the proxy
     tree["storage"]["endpoint_url"] = f"http://127.0.0.1:{proxy.port}"
     outcome: dict = {}
@@ -225,22 +231,23 @@ def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_
         except BaseException as exc:  # noqa: BLE001 - asserted below
             outcome["error"] = exc
 
-    runner = threading.Thread(target=job)
-    runner.start()
-    try:
-        wait_until(lambda: direct.part_paths("data"), 180, "the first data part")
-        before = len(direct.part_paths("data"))
-        proxy.outage()
-        down_at = time.monotonic()
-        wait_until(lambda: time.monotonic() - down_at >= 30 or not runner.is_alive(), 60,
-                  "30 s of outage")
-        assert runner.is_alive(), f"the run ended during the outage: {outcome}"
-        proxy.restore()
-        runner.join(timeout=300)
-    finally:
-        proxy.restore()
-        runner.join(timeout=300)
-        proxy.close()
+    with slowed(tree):
+        runner = threading.Thread(target=job)
+        runner.start()
+        try:
+            wait_until(lambda: direct.part_paths("data"), 180, "the first data part")
+            before = len(direct.part_paths("data"))
+            proxy.outage()
+            down_at = time.monotonic()
+            wait_until(lambda: time.monotonic() - down_at >= 30 or not runner.is_alive(), 60,
+                      "30 s of outage")
+            assert runner.is_alive(), f"the run ended during the outage: {outcome}"
+            proxy.restore()
+            runner.join(timeout=300)
+        finally:
+            proxy.restore()
+            runner.join(timeout=300)
+            proxy.close()
     tree["storage"]["endpoint_url"] = s3_endpoint  # read the result past the proxy
     assert "error" not in outcome, outcome.get("error")
     assert outcome["summary"].status == "succeeded"
@@ -256,27 +263,29 @@ def test_a_driver_that_cannot_renew_its_lease_stops_itself(ray_cluster, s3_endpo
     (before: it went on, and would have written beside the next holder)."""
     proxy = FlakyProxy(int(s3_endpoint.rsplit(":", 1)[1]))
     rows = write_prompts(tmp_path / "p.jsonl", 160)
+    # The shared fast app, slowed (helpers.slowed) only while the fenced driver runs (most
+    # parts still to come at the outage); the resume runs at full speed.
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
-                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 4},
-                      engine=SLOW_ENGINE, app_name=SLOW_APP)
+                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 4})
     direct = store_of(tree)
     tree["storage"]["endpoint_url"] = f"http://127.0.0.1:{proxy.port}"
     cfg = write_yaml(tmp_path / "fence.yaml", tree)
     log = tmp_path / "driver.log"
-    driver = _driver(cfg, open(log, "w"))
-    try:
-        wait_until(lambda: direct.part_paths("data"), 180, "the first data part")
-        proxy.outage()
-        driver.wait(timeout=90)  # the outage lasts until the driver has ended
-        output = log.read_text()
-        assert driver.returncode == 1, output[-2000:]
-        assert "stopped: the run's lease could not be renewed for" in output
-        assert len(direct.part_paths("data")) < 160 / 16, "stopped before the end"
-    finally:
-        proxy.restore()
-        if driver.poll() is None:
-            driver.kill()
-        proxy.close()
+    with slowed(tree):
+        driver = _driver(cfg, open(log, "w"))
+        try:
+            wait_until(lambda: direct.part_paths("data"), 180, "the first data part")
+            proxy.outage()
+            driver.wait(timeout=90)  # the outage lasts until the driver has ended
+            output = log.read_text()
+            assert driver.returncode == 1, output[-2000:]
+            assert "stopped: the run's lease could not be renewed for" in output
+            assert len(direct.part_paths("data")) < 160 / 16, "stopped before the end"
+        finally:
+            proxy.restore()
+            if driver.poll() is None:
+                driver.kill()
+            proxy.close()
     # Its lease could not be deleted in the outage; its pid is gone, so no wait.
     tree["storage"]["endpoint_url"] = s3_endpoint
     summary = run(tree)
