@@ -124,7 +124,7 @@ def test_outputs_broken_on_every_engine_stop_the_run_instead_of_draining_them_al
     after = read(tree, "data")
     assert len(after) == n and after["key"].is_unique
     print(f"\nstopped with {len(held)} flagged rows of {n} durable; the rerun wrote the rest")
-    serve.delete(app)
+    serve.delete(app, _blocking=False)  # its replicas stop while the next test runs
 
 
 def test_a_replica_whose_greedy_outputs_drift_is_caught_by_the_canary(ray_cluster, s3_endpoint,
