@@ -3,8 +3,8 @@ result). On the shared Ray cluster:
 
 - Run B with run A's serve.app_name and another engine setting, while A streams: B is
   refused before it deploys anything, naming A's run; A's replicas are untouched and A
-  completes exactly. A is a driver of its own (another Ray job than B's: the claims are
-  the cluster's, not a job's).
+  completes exactly. A is a driver of its own (another Ray job than B's, run in the test
+  process: the claims are the cluster's, not a job's).
 - The app redeployed under A outside raygen (as `serve deploy` or a RayService update
   would): A stops at the first row from the other engine, writes none of them, and the
   rerun completes exactly with A's own engine again. A's driver runs in the test process.
@@ -21,7 +21,7 @@ import pytest
 from jobs.config import parse_config
 from jobs.runs.run import RunError
 from tests.integration.helpers import (assert_run_exact, engine_urls, read, replica_infos, run,
-                                       run_config, set_faults, slowed, store_of, write_prompts,
+                                       run_config, set_faults, store_of, write_prompts,
                                        write_yaml)
 from tests.support.waiting import wait_until
 
@@ -72,37 +72,23 @@ def _first_rows(store) -> int:
 def test_a_second_run_cannot_swap_a_live_runs_engines(ray_cluster, s3_endpoint, tmp_path):
     from serve_apps.app import deployed_engine_hash
     rows = write_prompts(tmp_path / "p.jsonl", ROWS)
-    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-a", inflight_rows_per_actor=16)
+    tree_a = _tree(tmp_path, s3_endpoint, rows, 0.01, "owner-a")
     tree_b = _tree(tmp_path, s3_endpoint, rows, 0.02, "other-b")  # another engine setting
     hash_a = deployed_engine_hash(parse_config(tree_a).engine)
-    # A runs in this process (a thread), B is a driver of its own: another Ray job than
-    # A's, as two users' runs are (one driver process, not two: A's would be a Ray job with
-    # new worker processes for all its stages; B is refused before it starts any). A's
-    # engines decode 10x slower until B is refused (helpers.slowed; 16 rows in flight:
-    # ~45 s of rows left at the first durable ones), so A still holds its claim however
-    # long B's interpreter takes to start; A's last rows run at full speed.
-    outcome = _in_thread(tree_a)
-    a, b = outcome["thread"], None
+    a = _driver(tree_a, tmp_path, "a")
     try:
-        with slowed(tree_a, 10):
-            a.start()
-            _first_rows(store_of(tree_a))
-            b = _driver(tree_b, tmp_path, "b")
-            code = b.wait(timeout=300)
-            message = (tmp_path / "b.log").read_text()
-            assert code == 1, message[-3000:]  # the CLI's exit for a RunError
-            refusal = [line for line in message.splitlines() if line.startswith("error: ")]
-            print(f"\nrefused: {refusal[:1]}")
-            assert f"Serve app {APP!r} is in use by another live run" in message
-            assert store_of(tree_a).uri in message  # names the run it would have disturbed
-            assert set(_replica_hashes().values()) == {hash_a}  # A's engines, untouched
+        _first_rows(store_of(tree_a))
+        with pytest.raises(RunError) as info:
+            run(tree_b)
+        message = str(info.value)
+        print(f"\nrefused: {message.splitlines()[0]}")
+        assert f"Serve app {APP!r} is in use by another live run" in message
+        assert store_of(tree_a).uri in message  # names the run it would have disturbed
+        assert set(_replica_hashes().values()) == {hash_a}  # A's engines, untouched
+        assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
     finally:
-        if b is not None and b.poll() is None:
-            b.kill()
-        if a.ident is not None:
-            a.join(timeout=300)
-    assert not a.is_alive() and outcome.get("summary") is not None, outcome  # A: exit 0
-    assert outcome["summary"].status == "succeeded"
+        if a.poll() is None:
+            a.kill()
     assert_run_exact(tree_a, [f"p{i:05d}" for i in range(ROWS)])
     assert read(tree_b, "data").empty  # B wrote no row
 
