@@ -112,10 +112,21 @@ def _report(store: RunStore, index: RunIndex) -> str:
 _STOP_HOOKS: list[Callable[[], None]] = []
 
 
+def interruptible_main_thread() -> None:
+    """Let the watchdog and the lease fence interrupt the session (``_thread.interrupt_main``,
+    from their threads). A process started with SIGINT ignored (``nohup ... &``, a
+    non-interactive shell's background job: how 30-hour runs get started) gets no Python
+    SIGINT handler, and interrupt_main then does nothing: a stalled session would hang
+    on and a fenced driver go on writing. Call in the main thread."""
+    if not callable(signal.getsignal(signal.SIGINT)):  # SIG_IGN or SIG_DFL
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _init_ray(stop_exc: type) -> None:
     """Connect to Ray, then take SIGTERM back: `ray job stop` must end in "stopped"."""
     ray.init(ignore_reinit_error=True)
     if threading.current_thread() is threading.main_thread():
+        interruptible_main_thread()
         def _stop(*_):  # ray.init installs its own handler, which fails the dataset
             for hook in list(_STOP_HOOKS):
                 try:

@@ -3,6 +3,8 @@ how the stuck stage is named from the replicas' reports."""
 
 from __future__ import annotations
 
+import pytest
+
 from jobs.runs.watchdog import Watchdog, describe_stage
 
 
@@ -73,3 +75,31 @@ def test_idle_replicas_name_the_stages_before_them():
 
 def test_no_replica_answering_names_the_replicas():
     assert "none answered" in describe_stage([], 8, 300, NOW)
+
+
+def test_a_session_started_with_sigint_ignored_can_still_be_interrupted():
+    """`nohup python -m jobs.generate ... &` starts Python with SIGINT ignored: the
+    watchdog's and the fence's interrupt_main then did nothing, and a stalled session
+    hung on with its lease (found when the suite itself ran under `nohup ... &`)."""
+    import _thread
+    import signal
+    import time
+
+    from jobs.runs.run import interruptible_main_thread
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _thread.interrupt_main()
+        time.sleep(0.05)  # nothing happens: what the watchdog met
+        interruptible_main_thread()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            _thread.interrupt_main()
+            time.sleep(1)  # raised at the next bytecode, well before this ends
+
+        def own(*_):
+            pass
+        signal.signal(signal.SIGINT, own)
+        interruptible_main_thread()  # a handler the process set itself stays
+        assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, previous)
