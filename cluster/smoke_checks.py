@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.config import RunConfig, rows_per_replica
 from serve_apps.engine_client import effective_running_cap
@@ -58,12 +59,9 @@ def rows_in_flight_per_engine(cfg: RunConfig) -> int:
 
 def counter_total(metrics_text: str, name: str) -> Optional[float]:
     """The sum of a counter's samples over its labels; None when the engine has none."""
-    total, seen = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
-            total += float(line.rsplit(" ", 1)[1])
-            seen = True
-    return total if seen else None
+    values = [sample.value for family in text_string_to_metric_families(metrics_text)
+              for sample in family.samples if sample.name == name]
+    return sum(values) if values else None
 
 
 def accept_length(data: pd.DataFrame) -> Optional[float]:
