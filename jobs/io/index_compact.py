@@ -290,6 +290,15 @@ def _check(meta: dict[bytes, bytes], salt: bytes, listing: dict[str, Any],
     return state
 
 
+def _check_namesakes(state: dict[str, Any], store, suspect: frozenset[str]) -> None:
+    for kind, parts in state["parts"].items():
+        for name, _, sha256 in parts:
+            path = store.loc(kind, name).path
+            if path in suspect and not store.holds_bytes(path, sha256 or None):
+                raise BadCompact(f"covers {kind}/{name}, quarantined since and written again "
+                                 f"(same size, other bytes)")
+
+
 def _read(path: str, index, listing: dict[str, Any]) -> tuple[dict, dict[str, np.ndarray]]:
     columns = {name: a.dtype for name, a in index.latest.items()}  # a fresh index's
     store = index.store
@@ -317,15 +326,18 @@ def _read(path: str, index, listing: dict[str, Any]) -> tuple[dict, dict[str, np
     return state, arrays
 
 
-def load(index, listing: dict[str, Any]) -> set[str]:
+def load(index, listing: dict[str, Any], suspect: frozenset[str] = frozenset()) -> set[str]:
     """Fill a fresh ``index`` from the newest usable compact object; returns the paths of
     the parts it covers (empty: none usable, the sidecars answer). ``listing``: part
-    path -> FileInfo of every part listed now."""
+    path -> FileInfo of every part listed now; ``suspect``: paths whose part may have been
+    written again under its name since (a quarantined part's): an object covering one
+    is used only if its sha256 for it is the part's bytes' now."""
     if not enabled():
         return set()
     for n, path in listed(index.store)[:TRIES]:
         try:
             state, arrays = _read(path, index, listing)
+            _check_namesakes(state, index.store, suspect)
         except BadCompact as exc:
             logger.warning("compact index %s not used (%s): reading the sidecars of the "
                            "parts it would cover", index.store.root.join(

@@ -160,9 +160,16 @@ class RunIndex:
         listing = [(kind, info) for kind in KINDS
                    for info in sorted(list_files(self.store.loc(kind), ".parquet"),
                                       key=lambda i: i.path)]
+        quarantined, parts_read = self.store.quarantined(), self.reads["part"]
+        # A part written again under the name of a quarantined one (its rows regenerated
+        # and cut as before) may meet what was recorded of the damaged one: its sidecar,
+        # left in index/ until the new part's own replaces it, and a compact object's
+        # entry when the sizes agree. Those records are believed only if their sha256 is
+        # the new part's bytes' (one part read each; quarantines are rare).
+        suspect = frozenset(self.store.loc(*name.split("/")).path for name in quarantined)
         if not self._compact_tried and not self.seen:
             self._compact_tried = True
-            index_compact.load(self, {info.path: info for _, info in listing})
+            index_compact.load(self, {info.path: info for _, info in listing}, suspect)
         new = [(kind, info) for kind, info in listing if info.path not in self.seen]
         if new:
             sidecars = {info.path for kind in KINDS for info in list_files(
@@ -173,7 +180,8 @@ class RunIndex:
             with ThreadPoolExecutor(max_workers=min(self.threads, len(new))) as pool:
                 # in order, each summary turned into arrays and dropped as it arrives
                 for (kind, info), (summary, source) in zip(new, _in_order(
-                        pool, lambda ki: self._summary(*ki, sidecars), new, 4 * self.threads)):
+                        pool, lambda ki: self._summary(*ki, sidecars, suspect), new,
+                        4 * self.threads)):
                     self.reads[source] += 1
                     if summary is None:  # quarantined or gone: its rows are not done, and
                         continue         # a part written again under its name is new
@@ -197,19 +205,27 @@ class RunIndex:
             if failed:
                 self.failed = np.union1d(self.failed, np.concatenate(failed))
             self._merge_rows(rows)
-        self.quarantined = len(self.store.quarantined())
+        # a part read here (no usable sidecar) may have been quarantined by that read
+        self.quarantined = len(self.store.quarantined() if self.reads["part"] > parts_read
+                               else quarantined)
         return len(new)
 
-    def _summary(self, kind: str, info, sidecars: set[str]) -> tuple[Optional[pa.Table], str]:
-        """(the part's summary or None when the part is damaged/gone, where it came from)."""
+    def _summary(self, kind: str, info, sidecars: set[str], suspect: frozenset[str] = frozenset()
+                 ) -> tuple[Optional[pa.Table], str]:
+        """(the part's summary or None when the part is damaged/gone, where it came from).
+        ``suspect``: parts whose sidecar may be a quarantined namesake's (checked)."""
         name = posixpath.basename(info.path)
         loc = self.store.sidecar_loc(kind, name)
         if loc.path in sidecars:
             data = read_bytes(loc)
             if data is not None:
                 try:
-                    return part_summary.decode(data, kind, info.size,
-                                               self.key_salt), "sidecar"
+                    summary = part_summary.decode(data, kind, info.size, self.key_salt)
+                    if info.path not in suspect or self._sidecar_matches(info.path, summary):
+                        return summary, "sidecar"
+                    logger.warning("sidecar %s describes the quarantined part of that name, "
+                                   "not the one written since: rebuilding it from the part",
+                                   loc.uri)
                 except part_summary.BadSidecar as exc:
                     logger.warning("sidecar %s %s: rebuilding it from the part", loc.uri, exc)
         table = self.store.read_part(info.path, part_summary.SOURCE_COLUMNS[kind])
@@ -223,6 +239,9 @@ class RunIndex:
         except OSError as exc:  # a read-only reader still gets its answer
             logger.warning("cannot write sidecar %s (%s): rebuilt again next time", loc.uri, exc)
         return summary, "part"
+
+    def _sidecar_matches(self, path: str, summary: pa.Table) -> bool:
+        return self.store.holds_bytes(path, part_summary.checksum(summary))
 
     def _note_part(self, info) -> None:
         self.seen.add(info.path)

@@ -197,6 +197,15 @@ class RunStore:
         with self.root.fs.open_input_file(path) as f:
             return f.read()
 
+    def holds_bytes(self, path: str, sha256: Optional[str]) -> bool:
+        """The part's bytes now have this sha256 (a part that is gone holds any: its
+        reader finds it gone)."""
+        try:
+            data = self.part_bytes(path)
+        except FileNotFoundError:
+            return True
+        return sha256 == hashlib.sha256(data).hexdigest()
+
     def load_part(self, path: str, kind: str, columns: Optional[list[str]] = None,
                   sha256: Optional[str] = None) -> pa.Table:
         """Read and check one part; raises DamagedPart (or pyarrow's error) if bad.

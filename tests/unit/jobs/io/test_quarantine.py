@@ -3,8 +3,10 @@ are moved to <run>/quarantine/ with their reason, read as no rows, and counted."
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import posixpath
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,8 +20,11 @@ from jobs.analysis import status
 from jobs.config import StorageConfig
 from jobs.runs.progress import ProgressTracker
 from jobs.pipeline.admission import key_digest
+from jobs.io import index_compact
 from jobs.io.run_index import RunIndex
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import RunStore, part_name
+from jobs.io.schema import DATA
+from jobs.io.storage import write_bytes_atomic
 from tests.support.run_rows import failure_row, make_row, write_rows
 
 GOOD_KEYS = [f"k{i:02d}" for i in range(12)]
@@ -155,3 +160,62 @@ def test_overlapping_updates_count_each_part_once(tmp_path, monkeypatch):
     single = ProgressTracker(store, total=20, run="r", model="m", interval_s=60)
     single.index.refresh()
     assert gauges.events and sorted(gauges.events) == sorted(single.index.events)
+
+
+
+def _plain_parquet(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="none", write_statistics=False)
+    return buf.getvalue()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+NAMESAKE_KEYS = ["q0", "q1", "q2"]
+
+
+def _namesakes(tmp_path) -> tuple[RunStore, str, bytes, pa.Table]:
+    """A part with its sidecar, then damaged in place and quarantined, and a part of the
+    same name and size written again (its rows regenerated and cut as before; other bytes)
+    whose own sidecar is not written yet (the sink's window): the damaged part's sidecar
+    is still in index/. Returns the store, the part's path, the new bytes and table."""
+    store = RunStore(str(tmp_path / "run"), StorageConfig())
+    store.init_run_file()
+    old_t, new_t = (pa.Table.from_pylist([make_row(k, latency_s=s) for k in NAMESAKE_KEYS],
+                                         schema=DATA) for s in (1.0, 2.0))
+    old, new = _plain_parquet(old_t), _plain_parquet(new_t)
+    assert len(old) == len(new) and old != new  # same size: the listing cannot tell
+    name = part_name(f"{k}:0:" for k in NAMESAKE_KEYS)
+    path = store.loc("data", name).path
+    store.write_sidecar("data", name, old_t, len(old), _sha(old))
+    write_bytes_atomic(store.loc("data", name), old)
+    return store, path, new, new_t
+
+
+def test_a_sidecar_of_a_quarantined_namesake_is_not_believed(tmp_path):
+    """Until the new part's sidecar is written, an index that read the damaged part's held
+    its sha256, and finalize condemned the new, sound part as damaged (CI saw it:
+    test_damaged_parts, "8 rows of 1 data part(s) were found damaged")."""
+    store, path, new, _ = _namesakes(tmp_path)
+    store.quarantine(path, "test: damaged in place")
+    write_bytes_atomic(store.loc("data", posixpath.basename(path)), new)
+    index = RunIndex.open(store)
+    assert index.checksums[path] == _sha(new)
+    assert finalize.finalize(store, allow_partial=True)["row_count"] == len(NAMESAKE_KEYS)
+    assert store.quarantined() == [f"data/{posixpath.basename(path)}"]  # the first one only
+
+
+def test_a_compact_object_covering_a_quarantined_namesake_is_not_used(tmp_path):
+    """A compact object written while the damaged part was live covers its name and size:
+    the part written again under that name must not take its sha256 from it."""
+    store, path, new, new_t = _namesakes(tmp_path)
+    assert index_compact.maybe_write(RunIndex.open(store))  # covers the first part
+    store.quarantine(path, "test: damaged in place")
+    name = posixpath.basename(path)
+    write_bytes_atomic(store.loc("data", name), new)
+    store.write_sidecar("data", name, new_t, len(new), _sha(new))
+    index = RunIndex.open(store)
+    assert index.reads["compact"] == 0  # not used: the sidecars answered
+    assert index.checksums[path] == _sha(new)
