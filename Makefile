@@ -72,19 +72,21 @@ run-sim: stack-up
 # integration on TEST_WORKERS xdist workers; each worker starts its own Ray cluster and
 # S3 server and shares them across its tests (loadscope: tests sharing a module or folder
 # fixture stay on one worker, tests/support/xdist_scopes.py).
-# The unit tier needs only the base install: it runs while SGLang's (network- and
-# disk-bound) install goes on beside it, then the rest waits for both.
+# The unit tier but its few tests of the SGLang set's tokenizer libraries (marked
+# sglang_set) needs only the base install: it runs while SGLang's (network- and disk-bound)
+# install goes on beside it; the sglang_set tests and the rest wait for that install.
 TEST_WORKERS ?= 2
 test: $(VENV)/.base prometheus
-	@set -o pipefail; $(MAKE) --no-print-directory $(VENV)/.installed > $(VENV)/install.log 2>&1 & \
-	  install=$$!; \
-	  $(PY) -m pytest tests/unit -q -n auto $(PYTEST_FLAGS); unit=$$?; \
+	@$(MAKE) --no-print-directory $(VENV)/.installed > $(VENV)/install.log 2>&1 & install=$$!; \
+	  $(PY) -m pytest tests/unit -q -n auto -m "not sglang_set" $(PYTEST_FLAGS); unit=$$?; \
 	  wait $$install; installed=$$?; cat $(VENV)/install.log; \
 	  [ $$unit = 0 ] && [ $$installed = 0 ] || { echo "make test: unit tier exit $$unit, SGLang install exit $$installed" >&2; exit 1; }
+	$(PY) -m pytest tests/unit -q -m sglang_set $(PYTEST_FLAGS)
 	$(PY) -m pytest tests/contract tests/integration -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_FLAGS)
 
-# The unit tier alone: no services, no SGLang, no promtool; seconds.
-test-fast: $(VENV)/.base
+# The unit tier alone: no services, no SGLang engine, no promtool; seconds (its
+# sglang_set tests use the SGLang set's tokenizer libraries: installed by setup).
+test-fast: setup
 	$(PY) -m pytest tests/unit -q -n auto $(PYTEST_FLAGS)
 
 clean: stack-down

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from contract.protocol import GenerateRequest
 from contract.simulator_settings import SimulatorSettings
 from serve_apps.chat_format import (IM_END, assistant_spans, parse_tool_calls,
@@ -77,6 +79,7 @@ def test_the_replica_returns_token_spans_of_every_assistant_turn_when_asked():
     assert plain.assistant_spans is None  # not asked: no extra tokenize calls
 
 
+@pytest.mark.sglang_set  # transformers renders the model's template
 def test_probed_spans_of_a_model_template_that_keeps_reasoning(tmp_path):
     from serve_apps.chat_format import model_template_renderer
     from tests.support.trainer_templates import QWEN3, tokenizer_dir

@@ -17,6 +17,9 @@ from tests.support import sglang_cpu
 from tests.support.run_rows import make_row, write_rows
 from tests.support.trainer_templates import QWEN3, ROUND_TRIP, tokenizer_dir
 
+# The scripted model's tokenizer and transformers' chat templates: the SGLang set.
+pytestmark = pytest.mark.sglang_set
+
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory) -> dict[str, str]:
