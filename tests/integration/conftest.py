@@ -53,6 +53,19 @@ def ray_cluster(s3_endpoint, tmp_path_factory):
     # Ray cluster on a dev machine; the processes Ray starts inherit these.
     os.environ["DASHBOARD_METRIC_PORT"] = str(free_port())
     os.environ["AUTOSCALER_METRIC_PORT"] = str(free_port())
+    # Ray's housekeeping at a test's pace, not a production cluster's, on a 2-core machine
+    # where every CPU-second idles a test (tests/README.md, Time budget):
+    os.environ.update({
+        # the log monitor globs the session's log folder every 0.1 s while it holds fewer
+        # than 1,000 files (the suite's clusters start hundreds of workers): every 5 s
+        # instead (log_to_driver is off; the files are all there for a test to read)
+        "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "5",
+        # Serve's controller reconciles every 0.1 s: 0.3 s (a deploy or a replica's
+        # replacement a few tenths of a second later)
+        "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.3",
+        # no 8 workers prestarted for the first driver: sessions start the few they use
+        "RAY_prestart_worker_first_driver": "0",
+    })
     # More logical CPUs than cores: every raygen stage reserves a fraction of a CPU and
     # is I/O-bound; this only lets the scheduler place them.
     ctx = ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
