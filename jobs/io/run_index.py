@@ -221,7 +221,8 @@ class RunIndex:
             if data is not None:
                 try:
                     summary = part_summary.decode(data, kind, info.size, self.key_salt)
-                    if info.path not in suspect or self._sidecar_matches(info.path, summary):
+                    if info.path not in suspect or self.store.holds_bytes(
+                            info.path, part_summary.checksum(summary)):
                         return summary, "sidecar"
                     logger.warning("sidecar %s describes the quarantined part of that name, "
                                    "not the one written since: rebuilding it from the part",
@@ -239,9 +240,6 @@ class RunIndex:
         except OSError as exc:  # a read-only reader still gets its answer
             logger.warning("cannot write sidecar %s (%s): rebuilt again next time", loc.uri, exc)
         return summary, "part"
-
-    def _sidecar_matches(self, path: str, summary: pa.Table) -> bool:
-        return self.store.holds_bytes(path, part_summary.checksum(summary))
 
     def _note_part(self, info) -> None:
         self.seen.add(info.path)
