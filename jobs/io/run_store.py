@@ -277,9 +277,12 @@ class RunStore:
                            "quarantined_at": time.time()})
 
     def quarantined(self) -> list[str]:
-        """Quarantined parts, as <kind>/<name>."""
-        return [posixpath.relpath(info.path, self.loc(QUARANTINE).path)
-                for kind in KINDS for info in list_files(self.loc(QUARANTINE, kind), ".parquet")]
+        """Quarantined parts, as <kind>/<name>, sorted: one listing of the quarantine
+        folder, not one a kind (every progress tick asks)."""
+        root = self.loc(QUARANTINE).path
+        names = [posixpath.relpath(info.path, root)
+                 for info in list_files(self.loc(QUARANTINE), ".parquet", recursive=True)]
+        return [n for n in names if posixpath.dirname(n) in KINDS]
 
     def read_kind(self, kind: str, columns: Optional[list[str]] = None) -> pa.Table:
         tables = [self.read_part(p, columns) for p in self.part_paths(kind)]

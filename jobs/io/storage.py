@@ -57,8 +57,11 @@ def _s3(storage: StorageConfig) -> pafs.S3FileSystem:
     # request fails at once. Doubling delays ride out an outage of about
     # 25 ms * 2^max_attempts in total, per request.
     use_plain_bodies()  # before the SDK client reads its configuration
+    # allow_delayed_open: an object smaller than one upload part (all but data parts
+    # over 10 MB) goes up in one PutObject when it is closed, not as three requests
+    # (create, part, complete a multipart upload). Its errors are raised at close.
     kwargs: dict[str, Any] = {
-        "region": storage.region,
+        "region": storage.region, "allow_delayed_open": True,
         "retry_strategy": pafs.AwsDefaultS3RetryStrategy(storage.s3_retry_max_attempts)}
     if storage.endpoint_url:
         parsed = urlparse(storage.endpoint_url)
@@ -283,10 +286,12 @@ def read_json(loc: Location) -> Optional[Any]:
             time.sleep(0.1)
 
 
-def list_files(loc: Location, suffix: str = "") -> list[pafs.FileInfo]:
-    """Files directly in a folder, sorted by path; [] when it does not exist yet."""
+def list_files(loc: Location, suffix: str = "", recursive: bool = False) -> list[pafs.FileInfo]:
+    """Files directly in a folder (or, recursive, anywhere below it: one S3 listing for
+    all its subfolders), sorted by path; [] when it does not exist yet."""
     try:
-        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True,
+                                                       recursive=recursive))
     except FileNotFoundError:
         return []
     files = [i for i in infos if i.type == pafs.FileType.File

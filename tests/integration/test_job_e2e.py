@@ -7,6 +7,7 @@ import copy
 import io
 import json
 import os
+import re
 
 import boto3
 import pandas as pd
@@ -90,6 +91,24 @@ def test_job_writes_one_row_per_prompt_to_s3(e2e_run, s3_endpoint):
     again = run_job(cfg, RunMode(), stop_exc=_Never)
     assert again.progress["session_rows"] == 0
     assert len(_read_parquet_prefix(s3_endpoint, "runs/e2e/data/")) == 120
+
+
+def test_the_runs_objects_go_up_in_one_request_each_and_its_quarantine_in_one_listing(
+        e2e_run, s3_server):
+    """What the run asked of S3, from moto's request log: every object it wrote (parts,
+    sidecars, progress.json, ...; none near a 10 MB upload part) in one PutObject, not a
+    three-request multipart upload, and every look at its quarantine one listing of the
+    folder, not one a kind (each progress tick looks)."""
+    requests = [line for line in s3_server.log.read_text().splitlines()
+                if "/runs/e2e/" in line or "prefix=runs/e2e/" in line]
+    puts = [line for line in requests if '"PUT /' in line]
+    assert len(puts) > 20, requests[:20]  # parts, sidecars, progress.json at every tick
+    multipart = [line for line in requests if "?uploads" in line or "uploadId=" in line]
+    assert not multipart, multipart[:5]
+    quarantine = [line for line in requests if "prefix=runs/e2e/quarantine" in line]
+    per_kind = [line for line in quarantine
+                if re.search(r"prefix=runs/e2e/quarantine/(data|failures|rejects)", line)]
+    assert quarantine and not per_kind, per_kind[:5]
 
 
 def test_rerun_with_another_budget_is_refused(e2e_run):
