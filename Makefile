@@ -74,15 +74,19 @@ run-sim: stack-up
 # fixture stay on one worker, tests/support/xdist_scopes.py).
 # The unit tier but its few tests of the SGLang set's tokenizer libraries (marked
 # sglang_set) needs only the base install: it runs while SGLang's (network- and disk-bound)
-# install goes on beside it; the sglang_set tests and the rest wait for that install.
+# install goes on beside it; the sglang_set tests and the rest wait for that install, then
+# run side by side.
 TEST_WORKERS ?= 2
 test: $(VENV)/.base prometheus
 	@$(MAKE) --no-print-directory $(VENV)/.installed > $(VENV)/install.log 2>&1 & install=$$!; \
 	  $(PY) -m pytest tests/unit -q -n auto -m "not sglang_set" $(PYTEST_FLAGS); unit=$$?; \
 	  wait $$install; installed=$$?; cat $(VENV)/install.log; \
 	  [ $$unit = 0 ] && [ $$installed = 0 ] || { echo "make test: unit tier exit $$unit, SGLang install exit $$installed" >&2; exit 1; }
-	$(PY) -m pytest tests/unit -q -m sglang_set $(PYTEST_FLAGS)
-	$(PY) -m pytest tests/contract tests/integration -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_FLAGS)
+	@# the sglang_set unit tests (~7 s, one process) run beside contract and integration
+	@RAYGEN_TEST_TIMES= $(PY) -m pytest tests/unit -q -m sglang_set $(PYTEST_FLAGS) > $(VENV)/sglang_set.log 2>&1 & unit=$$!; \
+	  $(PY) -m pytest tests/contract tests/integration -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_FLAGS); rest=$$?; \
+	  wait $$unit; sgl=$$?; echo "--- unit tests of the SGLang set:"; cat $(VENV)/sglang_set.log; \
+	  [ $$rest = 0 ] && [ $$sgl = 0 ] || { echo "make test: contract + integration exit $$rest, sglang_set unit tests exit $$sgl" >&2; exit 1; }
 
 # The unit tier alone: no services, no SGLang engine, no promtool; seconds (its
 # sglang_set tests use the SGLang set's tokenizer libraries: installed by setup).
