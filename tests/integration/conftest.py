@@ -71,11 +71,12 @@ def empty_the_bucket_after_the_module():
         return
     import boto3
     s3 = boto3.client("s3", endpoint_url=_SERVER.endpoint)
-    try:
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                s3.delete_objects(Bucket=BUCKET, Delete={"Objects": keys, "Quiet": True})
+    try:  # every key listed first: deleting between pages could make the listing skip some
+        keys = [{"Key": o["Key"]} for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=BUCKET) for o in page.get("Contents", [])]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1,000 keys a request
+            s3.delete_objects(Bucket=BUCKET, Delete={"Objects": keys[start:start + 1000],
+                                                     "Quiet": True})
     except Exception:  # noqa: BLE001 - a cleanup, never a test failure
         pass
 
