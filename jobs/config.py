@@ -142,9 +142,11 @@ class JobConfig(StrictModel):
     stall_min_s: float = Field(
         300.0, gt=0, description="The watchdog's shortest limit (see stall_factor).")
     lease_timeout_s: float = Field(
-        120.0, gt=0, description="One job per run: the driver renews <run>/lease.json every "
-        "third of this; a lease not renewed for this long (driver killed) is taken over by "
-        "the next job on the run.")
+        600.0, gt=0, description="One job per run: the driver renews <run>/lease.json every "
+        "third of this (at most every 60 s); a lease not renewed for this long (driver "
+        "killed on another host, node lost) is taken over by the next job on the run (a "
+        "driver killed on the same host at once). A driver that cannot renew for 3/4 of it "
+        "(a store outage) stops writing; shorter outages are ridden out.")
     metrics_linger_s: float = Field(
         10.0, ge=0, description="Seconds the driver stays up after the run so Prometheus "
         "scrapes the final gauges (job_running=0) before they disappear.")
@@ -177,8 +179,13 @@ class StorageConfig(StrictModel):
         "from the AWS environment/credential chain, never from this file.")
     region: str = Field("us-east-1")
     s3_retry_max_attempts: int = Field(
-        12, ge=1, description="Tries per S3 request (connection errors, 5xx, throttling); the "
-        "SDK's backoff doubles from 25 ms, so 12 ride out an outage of ~100 s.")
+        12, ge=1, description="The S3 client's own tries per request (connection errors, "
+        "5xx, throttling); its backoff doubles from 25 ms, so 12 ride out ~100 s.")
+    s3_retry_window_s: float = Field(
+        300.0, gt=0, description="raygen tries a store call again (after the client's own "
+        "tries) while its transient errors (throttling, 5xx, connection lost, the SDK's "
+        "INTERNAL_FAILURE on a throttled small read) last no longer than this, with "
+        "doubling delays up to 10 s: a store outage of a few minutes is ridden out.")
     shared_local_output: bool = Field(
         False, description="Set true when a local job.output path is a filesystem every "
         "node mounts (NFS, Lustre); on a multi-node cluster a local path is refused "

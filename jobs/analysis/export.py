@@ -70,7 +70,8 @@ from jobs.io.run_index import read_latest
 from jobs.pipeline import turns as every_turn
 from contract.integrity import integrity_flags
 from jobs.io.run_store import RunStore
-from jobs.io.storage import Location, list_files, locate, write_bytes_atomic, write_json_atomic
+from jobs.io.storage import (Location, delete_file, list_files, locate, write_bytes_atomic,
+                             write_json_atomic)
 
 FORMATS = ("pretokenized", "conversations", "messages")
 FILE_TYPES = ("jsonl", "parquet")
@@ -384,7 +385,7 @@ def _remove_stale(out: Location, keep: set[str]) -> None:
     for info in list_files(out):
         name = posixpath.basename(info.path)
         if SHARD_NAME.match(name) and name not in keep:
-            out.fs.delete_file(info.path)
+            delete_file(out.fs, info.path)
 
 
 def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters(),
@@ -412,7 +413,7 @@ def export(store: RunStore, out_uri: str, fmt: str, filters: Filters = Filters()
     if not picks.keys:
         raise ExportError(f"run {store.uri} has no rows in data/: nothing to export")
     try:  # until the new manifest lands, the folder reads as incomplete
-        out.fs.delete_file(out.join(MANIFEST).path)
+        delete_file(out.fs, out.join(MANIFEST).path)
     except FileNotFoundError:
         pass
     extras = with_samples(store, picks.index, extras)  # one record per (key, sample)

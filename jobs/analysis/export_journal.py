@@ -55,7 +55,7 @@ import pyarrow as pa
 
 from jobs.io.digests import sorted_contains
 from jobs.io.lease_store import LeaseConflict, conditional_object
-from jobs.io.storage import (AlreadyExists, Location, create_exclusive, list_files,
+from jobs.io.storage import (AlreadyExists, Location, create_exclusive, delete_file, list_files,
                              read_bytes, write_bytes_atomic)
 
 JOURNAL_FORMAT = 1
@@ -265,7 +265,7 @@ def commit(out: Location, storage, manifest: dict[str, Any], own_files: list[str
 def remove(out: Location, names: list[str]) -> None:
     for name in names:
         try:
-            out.fs.delete_file(out.join(name).path)
+            delete_file(out.fs, out.join(name).path)
         except FileNotFoundError:
             pass
 

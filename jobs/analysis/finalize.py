@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from jobs.io.run_index import RunIndex, read_latest
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
-from jobs.io.storage import list_files, write_bytes_atomic, write_json_atomic
+from jobs.io.storage import delete_file, list_files, write_bytes_atomic, write_json_atomic
 
 ROWS_PER_FILE = 50_000
 MAX_BUFFER_BYTES = 1 << 30   # cut a part early rather than hold more Arrow data than this
@@ -163,7 +163,7 @@ def build_manifest(store: RunStore, picks: Picks, written: Written,
 def _remove_stale(store: RunStore, keep: set[str]) -> None:
     for info in list_files(store.loc("final"), ".parquet"):
         if posixpath.basename(info.path) not in keep:
-            store.root.fs.delete_file(info.path)
+            delete_file(store.root.fs, info.path)
 
 
 def check_not_running(store: RunStore, force: bool) -> None:
@@ -192,7 +192,7 @@ def finalize(store: RunStore, force: bool = False, rows_per_file: int = ROWS_PER
             f"there is with complete=false and what is missing in the manifest")
     manifest_loc = store.loc("final", "manifest.json")
     try:  # from here until the new manifest lands, final/ reads as incomplete
-        store.root.fs.delete_file(manifest_loc.path)
+        delete_file(store.root.fs, manifest_loc.path)
     except FileNotFoundError:
         pass
     written = write_parts(store, picks, rows_per_file)

@@ -48,7 +48,9 @@ import pyarrow as pa
 from jobs.io import part_summary
 from jobs.io.digests import salt_id
 from jobs.io.schema import DATA
-from jobs.io.storage import Location, is_local, list_files, read_bytes, write_local_durably
+from jobs.io.s3_retry import RetryingInputFile
+from jobs.io.storage import (Location, delete_file, is_local, list_files, read_bytes,
+                             write_local_durably)
 
 logger = logging.getLogger("raygen")
 FORMAT = "1"
@@ -139,7 +141,7 @@ def write(index, stats: bool = True) -> Optional[str]:
     for old_n, old in listed(store)[KEEP:]:
         for path in (old, _stats_loc(store, old_n).path):
             try:
-                store.root.fs.delete_file(path)
+                delete_file(store.root.fs, path)
             except FileNotFoundError:
                 pass
             except OSError as exc:  # an older object left behind is only bytes
@@ -303,7 +305,7 @@ def _read(path: str, index, listing: dict[str, Any]) -> tuple[dict, dict[str, np
     columns = {name: a.dtype for name, a in index.latest.items()}  # a fresh index's
     store = index.store
     try:
-        with store.root.fs.open_input_stream(path) as f:
+        with RetryingInputFile(store.root.fs, path) as f:
             reader = pa.ipc.open_stream(f)
             state = _check(reader.schema.metadata or {}, index.key_salt, listing, store)
             if reader.schema.names != list(columns):

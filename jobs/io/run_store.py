@@ -49,8 +49,9 @@ from jobs.config import StorageConfig
 from jobs.io import part_summary
 from jobs.io.digests import new_salt
 from jobs.io.schema import KINDS, LATER_COLUMNS
+from jobs.io.s3_retry import RetryingInputFile, retried
 from jobs.io.storage import (Location, is_local, list_files, locate, put_verified, read_json,
-                             write_bytes_atomic, write_json_atomic)
+                             read_whole, write_bytes_atomic, write_json_atomic)
 
 logger = logging.getLogger("raygen")
 QUARANTINE = "quarantine"
@@ -194,8 +195,7 @@ class RunStore:
 
     def part_bytes(self, path: str) -> bytes:
         """The part's bytes (storage errors raise: they are not damage)."""
-        with self.root.fs.open_input_file(path) as f:
-            return f.read()
+        return retried(read_whole, self.root.fs, path, what=f"read of {path}")
 
     def holds_bytes(self, path: str, sha256: Optional[str]) -> bool:
         """The part's bytes now have this sha256 (a part that is gone holds any: its
@@ -223,7 +223,9 @@ class RunStore:
                                   f"write that never reached the disk)")
             return self._decode_bytes(data, kind, columns)
         try:
-            with self.root.fs.open_input_file(path) as f:
+            # Every read retried: a throttled small ranged read (the footer, one column
+            # chunk) otherwise ends in the SDK's non-retryable INTERNAL_FAILURE.
+            with RetryingInputFile(self.root.fs, path) as f:
                 return self._decode(f, kind, columns)
         except FileNotFoundError:
             raise
@@ -269,7 +271,8 @@ class RunStore:
         if is_local(dest):
             dest.fs.create_dir(posixpath.dirname(dest.path), recursive=True)
         try:
-            self.root.fs.move(path, dest.path)  # S3: copy + delete
+            retried(self.root.fs.move, path, dest.path,  # S3: copy + delete
+                    what=f"quarantine of {path}")
         except FileNotFoundError:
             return  # another reader moved it first
         write_json_atomic(self.loc(QUARANTINE, kind, name + ".reason.json"),

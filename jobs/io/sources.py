@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from jobs.io.storage import Location
+from jobs.io.storage import Location, open_retrying
 
 PARQUET_BATCH_ROWS = 1024
 READ_CHUNK_BYTES = 1 << 20
@@ -75,7 +75,7 @@ def iter_jsonl_lines(loc: Location, hasher: Any = None, max_line_bytes: int = MA
     ``skip_lines`` lines are read (and hashed) but neither kept nor decoded."""
     number, pending, size = 0, [], 0  # the unfinished line: kept pieces, full length
     keep = max_line_bytes + 1
-    with loc.fs.open_input_stream(loc.path) as stream:
+    with open_retrying(loc) as stream:  # each 1 MiB read retried on a throttled S3
         while True:
             chunk = stream.read(READ_CHUNK_BYTES)
             if not chunk:
@@ -111,7 +111,7 @@ def iter_parquet_rows(loc: Location, hasher: Any = None, max_line_bytes: int = M
                       ) -> Iterator[tuple[int, str, Optional[str]]]:
     """(row number, row as JSON, problem); ``hasher`` is fed each row's JSON."""
     number = 0
-    with loc.fs.open_input_file(loc.path) as f:
+    with open_retrying(loc) as f:
         for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH_ROWS):
             for row in batch.to_pylist():
                 number += 1
@@ -173,7 +173,7 @@ def _blocks(loc: Location, file_index: int, limit: Optional[int], block_rows: in
 def count_rows(loc: Location, max_line_bytes: int = MAX_LINE_BYTES) -> int:
     """Input rows in a file (blank lines excluded), for the progress total."""
     if _is_parquet(loc):
-        with loc.fs.open_input_file(loc.path) as f:
+        with open_retrying(loc) as f:
             return pq.ParquetFile(f).metadata.num_rows
     return sum(1 for _ in iter_jsonl_lines(loc, None, max_line_bytes))
 

@@ -23,6 +23,8 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from jobs.config import StorageConfig
+from jobs.io import s3_retry
+from jobs.io.s3_retry import RetryingInputFile, retried
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def _s3(storage: StorageConfig) -> pafs.S3FileSystem:
     # request fails at once. Doubling delays ride out an outage of about
     # 25 ms * 2^max_attempts in total, per request.
     use_plain_bodies()  # before the SDK client reads its configuration
+    s3_retry.configure(storage.s3_retry_window_s)
     # allow_delayed_open: an object smaller than one upload part (all but data parts
     # over 10 MB) goes up in one PutObject when it is closed, not as three requests
     # (create, part, complete a multipart upload). Its errors are raised at close.
@@ -86,6 +89,10 @@ def write_bytes_atomic(loc: Location, data: bytes) -> None:
     if is_local(loc):
         write_local_durably(loc.path, data)
         return
+    retried(_put_stream, loc, data, what=f"write of {loc.uri}")
+
+
+def _put_stream(loc: Location, data: bytes) -> None:
     with loc.fs.open_output_stream(loc.path) as out:
         out.write(data)
 
@@ -181,27 +188,10 @@ def put_verified(loc: Location, data: bytes, storage: StorageConfig) -> None:
         return
     bucket, _, key = loc.path.partition("/")
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
-    for attempt in range(storage.s3_retry_max_attempts):
-        try:
-            s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, ContentMD5=md5)
-            return
-        except Exception as exc:  # noqa: BLE001 - only outages are retried, see below
-            if not _s3_outage(exc) or attempt + 1 == storage.s3_retry_max_attempts:
-                raise
-            # botocore's own tries draw on a retry quota that an outage empties in
-            # seconds; these doubling delays (as pyarrow's client above) outlast ~1 min.
-            time.sleep(min(0.025 * 2 ** attempt, 15.0))
-
-
-def _s3_outage(exc: BaseException) -> bool:
-    """Connection lost/refused, or the store answered 5xx/throttled: try again."""
-    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
-    if isinstance(exc, (ConnectionError, HTTPClientError)):
-        return True
-    if isinstance(exc, ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-        return status >= 500 or status == 429
-    return False
+    # botocore's own tries draw on a retry quota that an outage empties in seconds;
+    # ``retried`` goes on for storage.s3_retry_window_s.
+    retried(s3_client(storage).put_object, Bucket=bucket, Key=key, Body=data, ContentMD5=md5,
+            what=f"upload of {loc.uri}")
 
 
 _BOTO_CLIENTS: dict[tuple, Any] = {}
@@ -212,6 +202,7 @@ def s3_client(storage: StorageConfig) -> Any:
     plain bodies, and as many tries as pyarrow's client gets (botocore's standard mode
     caps each delay at 20 s; its retry quota can run dry in an outage, hence the loop
     in put_verified)."""
+    s3_retry.configure(storage.s3_retry_window_s)
     key = (storage.endpoint_url, storage.region, os.getpid())
     if key not in _BOTO_CLIENTS:
         import boto3
@@ -259,10 +250,27 @@ def create_exclusive(loc: Location, data: bytes, storage: StorageConfig) -> None
 
 def read_bytes(loc: Location) -> Optional[bytes]:
     try:
-        with loc.fs.open_input_stream(loc.path) as inp:
-            return inp.read()
+        return retried(read_whole, loc.fs, loc.path, what=f"read of {loc.uri}")
     except FileNotFoundError:
         return None
+
+
+def read_whole(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as inp:
+        return inp.read()
+
+
+def open_retrying(loc: Location) -> RetryingInputFile:
+    """``loc`` opened for reading, every read retried on transient S3 errors."""
+    return RetryingInputFile(loc.fs, loc.path)
+
+
+def file_info(loc: Location) -> pafs.FileInfo:
+    return retried(loc.fs.get_file_info, loc.path, what=f"stat of {loc.uri}")
+
+
+def delete_file(fs: pafs.FileSystem, path: str) -> None:
+    retried(fs.delete_file, path, what=f"delete of {path}")
 
 
 def write_json_atomic(loc: Location, obj: Any) -> None:
@@ -290,8 +298,8 @@ def list_files(loc: Location, suffix: str = "", recursive: bool = False) -> list
     """Files directly in a folder (or, recursive, anywhere below it: one S3 listing for
     all its subfolders), sorted by path; [] when it does not exist yet."""
     try:
-        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True,
-                                                       recursive=recursive))
+        infos = retried(loc.fs.get_file_info, pafs.FileSelector(
+            loc.path, allow_not_found=True, recursive=recursive), what=f"listing of {loc.uri}")
     except FileNotFoundError:
         return []
     files = [i for i in infos if i.type == pafs.FileType.File

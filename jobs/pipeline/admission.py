@@ -44,7 +44,7 @@ from jobs.io.samples import sample_digests, sample_seed
 from jobs.io.run_index import RunIndex
 from jobs.io.schema import REJECTS
 from jobs.io.sources import MAX_LINE_BYTES, ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
-from jobs.io.storage import Location
+from jobs.io.storage import Location, file_info
 from jobs.pipeline.validate import RowError, parse_row
 
 logger = logging.getLogger("raygen")
@@ -406,7 +406,7 @@ def admit_inputs(inputs: list[Location], index: RunIndex, retry_failed: bool,
             raise PrefixChanged(f"{loc.uri}: its first {old['size']:,} bytes changed since "
                                 f"the recorded pass")
         total += rows
-        prints.append({"uri": loc.uri, "size": loc.fs.get_file_info(loc.path).size,
+        prints.append({"uri": loc.uri, "size": file_info(loc).size,
                        "rows": rows, "sha256": hasher.hexdigest() if complete else None,
                        "newlines": hasher.newlines, "ends_newline": hasher.last == b"\n"})
     state.flush()

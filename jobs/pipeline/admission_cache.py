@@ -40,7 +40,7 @@ import pyarrow as pa
 from jobs.io.digests import salt_id
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
-from jobs.io.storage import Location, read_bytes, write_bytes_atomic
+from jobs.io.storage import Location, file_info, read_bytes, write_bytes_atomic
 from jobs.pipeline import admission, input_formats, validate
 from jobs.pipeline.admission import Admission, Recorded
 
@@ -63,7 +63,7 @@ def identity(inputs: list[Location], limit: Optional[int], max_line_bytes: int,
              salt: bytes) -> dict[str, Any]:
     files = []
     for loc in inputs:
-        info = loc.fs.get_file_info(loc.path)
+        info = file_info(loc)
         files.append({"uri": loc.uri, "size": info.size, "mtime_ns": info.mtime_ns})
     return {"format": FORMAT, "files": files, "limit": limit, "max_line_bytes": max_line_bytes,
             "key_salt_id": salt_id(salt), "code": _code_hash()}

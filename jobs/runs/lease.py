@@ -2,8 +2,8 @@
 
 Four drivers on one run generated 3.7x the GPU work and wrote duplicated (key,
 version) rows while each printed "succeeded". So a driver takes the run's lease before
-it writes anything, renews it every ``lease_timeout_s / 3`` from a thread, and deletes
-it when it ends. A second driver finds a fresh lease and refuses, naming the holder
+it writes anything, renews it every third of ``lease_timeout_s`` (at most every
+minute) from a thread, and deletes it when it ends. A second driver finds a fresh lease and refuses, naming the holder
 (Ray job submission id if any, host, pid, since). A lease not renewed for
 ``job.lease_timeout_s`` (the holder was SIGKILLed, its node lost) is taken over, and
 the takeover is said.
@@ -18,11 +18,19 @@ holder whose clock is off can neither block the run nor lose it early. A holder 
 very host whose pid is dead (a SIGKILLed driver resubmitted where it ran) is taken over
 at once; a reused pid only makes us wait for the timeout.
 
-The lease fences its holder: ``fenced()`` is true once the last good renewal is older
-than half the timeout (a renewal that cannot reach the store fails within seconds: the
-lease's own S3 client has short timeouts and two tries) or once the lease is lost; the
-session then stops dispatching, and a driver that lost its lease writes nothing more
-(no progress.json, report or release over the next holder's). A renewal answered 412
+The lease fences its holder: ``fenced()`` is true once the lease is seen lost (taken
+over), or once the last good renewal (timed from when its request was sent: the store
+wrote it no earlier) is older than three quarters of the timeout, the quarter left being
+the margin for writes already under way. A renewal that cannot reach the store fails
+within seconds (the lease's own S3 client has short timeouts and two tries) and is tried
+again every few seconds. The fence used to close at half the timeout: a 30 s S3 outage
+late in a renewal interval ended a run whose lease nobody could take for another
+minute. An outage every client sees is not a takeover: a driver rides out outages up to
+3/4 of the timeout less one renewal interval (at the 600 s default, ~6 minutes: what a
+real S3 incident lasts; the store calls themselves are retried for
+``storage.s3_retry_window_s``), and only then stops. A fenced session stops
+dispatching, and a driver that lost its lease writes nothing more (no progress.json,
+report or release over the next holder's). A renewal answered 412
 is first read back: when the lease still carries our token (our own write, retried by
 the SDK after its reply was lost), it is ours and the session goes on. Once per run the
 store is checked to honour conditional writes (a second If-None-Match create must fail):
@@ -56,6 +64,8 @@ class UnsafeStore(RuntimeError):
 
 
 RETRY_S = 5.0  # the wait before the next try after a renewal failed
+RENEW_MAX_S = 60.0  # the longest wait between renewals
+FENCE_SHARE = 0.75  # of the timeout without a good renewal: the driver stops writing
 
 
 def submission_id() -> Optional[str]:
@@ -96,8 +106,8 @@ class RunLease:
         if self.lost:
             return self.lost
         silent = time.monotonic() - self.renewed
-        if self.version is not None and silent > self.timeout_s / 2:
-            return (f"the run's lease could not be renewed for {silent:.0f} s (more than half "
+        if self.version is not None and silent > self.timeout_s * FENCE_SHARE:
+            return (f"the run's lease could not be renewed for {silent:.0f} s (more than 3/4 "
                     f"of job.lease_timeout_s={self.timeout_s:g} s): another job may take the "
                     f"run over, so this one stops writing")
         return None
@@ -151,23 +161,25 @@ class RunLease:
         return new_version
 
     def _renew_loop(self) -> None:
-        wait = self.timeout_s / 3
+        every = min(self.timeout_s / 3, RENEW_MAX_S)
+        wait = every
         while not self._stop.wait(wait):
-            # After a failed renewal, try again within seconds: the fence closes at half
-            # the timeout, and one hiccup must not cost the session.
-            wait = min(self.timeout_s / 3, RETRY_S)
+            # After a failed renewal, try again within seconds: the fence closes at 3/4
+            # of the timeout, and an outage must not cost the session.
+            wait = min(every, RETRY_S)
             self.me.renewed_at = time.time()
+            sent = time.monotonic()  # the store wrote it no earlier than this
             try:
                 self.version = self.backend.replace(asdict(self.me), self.version)
-                self.renewed = time.monotonic()
-                wait = self.timeout_s / 3
+                self.renewed = sent
+                wait = every
             except LeaseConflict:
                 current = self.backend.read()
                 if current is not None and current[0].get("token") == self.me.token:
                     # Our own write: the SDK retried a renewal whose reply was lost, and
                     # the retry saw the version the first attempt had already written.
-                    self.version, self.renewed = current[1], time.monotonic()
-                    wait = self.timeout_s / 3
+                    self.version, self.renewed = current[1], sent
+                    wait = every
                     continue
                 taker = Holder(**current[0]).describe() if current else "nobody"
                 self.lost = f"the run's lease was taken over by {taker}"

@@ -34,7 +34,7 @@ from jobs.config import RunConfig
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io import sources
-from jobs.io.storage import Location, locate, write_json_atomic
+from jobs.io.storage import Location, file_info, locate, write_json_atomic
 from jobs.pipeline import admission_cache, chain as pipeline
 from jobs.pipeline.admission import (Admission, PrefixChanged, admit_inputs, describe_changes,
                                      reject_writer)
@@ -58,7 +58,7 @@ class Plan:
 def input_locations(cfg: RunConfig) -> list[Location]:
     locs = [locate(uri, cfg.storage) for uri in cfg.job.input]
     for loc in locs:
-        info = loc.fs.get_file_info(loc.path)
+        info = file_info(loc)
         if info.type.name != "File":
             raise RunError(f"job.input {loc.uri!r} does not exist (or is not a file)")
     return locs
@@ -129,7 +129,7 @@ def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -
     total = 0
     for loc in inputs:
         seen = recorded.get(loc.uri)
-        if (seen and seen.get("size") == loc.fs.get_file_info(loc.path).size
+        if (seen and seen.get("size") == file_info(loc).size
                 and (seen.get("sha256") or seen["rows"] >= cap)):  # counted whole, or to cap
             total += min(seen["rows"], cap)
         else:

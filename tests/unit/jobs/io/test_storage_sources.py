@@ -181,22 +181,23 @@ def test_a_file_without_newlines_is_read_in_one_linear_pass(tmp_path, monkeypatc
             searched.append(len(self) - start)
             return bytes.find(self, sub, start, *args)
 
-    class Stream:
+    class File:  # what the reader opens: a random-access file (RetryingInputFile's)
         def __init__(self, path):
             self.f = open(path, "rb")
 
-        def read(self, n):
+        def size(self):
+            return os.fstat(self.f.fileno()).st_size
+
+        def read_at(self, n, offset):
+            self.f.seek(offset)
             return CountingBytes(self.f.read(n))
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
+        def close(self):
             self.f.close()
 
     class CountingFS:
-        def open_input_stream(self, path):
-            return Stream(path)
+        def open_input_file(self, path):
+            return File(path)
 
     path = tmp_path / "p.jsonl"
     path.write_bytes(b"y" * 200_000)
@@ -274,18 +275,3 @@ def test_parquet_mixed_tool_rows_validate(tmp_path):
     assert json.loads(raws[0])["messages"][0]["tool_calls"] is None
     for raw in raws:
         parse_row(raw)  # must not raise RowError
-
-
-def test_part_uploads_retry_outages_and_nothing_else():
-    from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
-
-    from jobs.io.storage import _s3_outage
-
-    def client_error(status: int) -> ClientError:
-        return ClientError({"Error": {"Code": str(status)},
-                            "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
-    assert _s3_outage(EndpointConnectionError(endpoint_url="http://127.0.0.1:1"))
-    assert _s3_outage(ConnectionClosedError(endpoint_url="http://127.0.0.1:1"))
-    assert _s3_outage(client_error(503)) and _s3_outage(client_error(429))
-    assert not _s3_outage(client_error(403))  # wrong credentials: say so at once
-    assert not _s3_outage(client_error(400)) and not _s3_outage(ValueError("x"))

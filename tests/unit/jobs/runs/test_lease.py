@@ -86,6 +86,7 @@ class FlakyStore:
     def __init__(self, inner, mode: str):
         self.inner, self.mode, self.age_s = inner, mode, None
         self.failed = False
+        self.replies: list[tuple[float, float]] = []  # "slow": (sent, answered)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -94,7 +95,12 @@ class FlakyStore:
         if self.mode == "unreachable" or (self.mode == "one-hiccup" and not self.failed):
             self.failed = time.monotonic()
             raise OSError("connect timeout")
-            raise OSError("connect timeout")
+        if self.mode == "slow":
+            sent = time.monotonic()
+            time.sleep(0.4)
+            version = self.inner.replace(body, version)
+            self.replies.append((sent, time.monotonic()))
+            return version
         if self.mode == "reply-lost":  # the write happens, the client sees a 412 on retry
             self.inner.replace(body, version)
             from jobs.io.lease_store import LeaseConflict
@@ -102,7 +108,7 @@ class FlakyStore:
         return self.inner.replace(body, version)
 
 
-def test_a_driver_that_cannot_renew_is_fenced_after_half_the_timeout(store, monkeypatch):
+def test_a_driver_that_cannot_renew_is_fenced_after_three_quarters_of_the_timeout(store, monkeypatch):
     lease = RunLease(store, timeout_s=0.6).acquire()
     stops: list[str] = []
     lease.on_fence = stops.append  # not the session's interrupt of this thread
@@ -116,8 +122,37 @@ def test_a_driver_that_cannot_renew_is_fenced_after_half_the_timeout(store, monk
         lease.release()
 
 
+def test_an_outage_past_half_the_timeout_is_ridden_out_and_three_quarters_fences(store):
+    # A store outage every client sees is not a takeover: nobody can take the lease
+    # before the whole timeout, so the fence waits for 3/4 of it (it closed at half: a
+    # 30 s S3 outage late in a renewal interval ended a run on the 120 s default).
+    lease = RunLease(store, timeout_s=600).acquire()
+    try:
+        lease.renewed = time.monotonic() - 0.70 * 600
+        assert lease.fenced() is None
+        lease.renewed = time.monotonic() - 0.76 * 600
+        assert "more than 3/4 of job.lease_timeout_s=600 s" in lease.fenced()
+    finally:
+        lease.renewed = time.monotonic()
+        lease.release()
+
+
+def test_a_renewal_is_timed_from_when_it_was_sent(store):
+    # The store wrote the lease no earlier than the request left: a renewal whose reply
+    # took long must not count as fresher than it is.
+    lease = RunLease(store, timeout_s=0.9).acquire()
+    try:
+        slow = lease.backend = FlakyStore(lease.backend, "slow")
+        wait_until(lambda: slow.replies, 10, "a slow renewal")
+        renewed, replies = lease.renewed, list(slow.replies)  # renewed is set after a reply
+        assert all(answered - sent >= 0.4 for sent, answered in replies)
+        assert min(abs(renewed - sent) for sent, _ in replies) < 0.05, (renewed, replies)
+    finally:
+        lease.release()
+
+
 def test_one_failed_renewal_is_retried_within_seconds_not_fenced(store, monkeypatch):
-    # A renewal every third of the timeout, the fence at half of it: a single failed
+    # A renewal every third of the timeout, the fence at 3/4 of it: a single failed
     # renewal waiting a full period for its retry would fence a healthy run.
     monkeypatch.setattr("jobs.runs.lease.RETRY_S", 0.05)
     lease = RunLease(store, timeout_s=3.0).acquire()
