@@ -105,6 +105,10 @@ JOB_ETA_SECONDS = Metric("raygen_job_eta_seconds", GAUGE, _MR, "Driver's estimat
 JOB_LAST_WRITE_TIMESTAMP = Metric(
     "raygen_job_last_write_timestamp_seconds", GAUGE, _MR,
     "Unix time of the newest durable write (initialised to driver start).", JOB)
+JOB_S3_RETRIES = Metric(
+    "raygen_job_s3_retries", GAUGE, _MR,
+    "Store calls this driver's job tried again after a transient S3 error (throttling, "
+    "5xx, connection lost; jobs/io/s3_retry.py), all its processes together.", JOB)
 JOB_RUNNING = Metric("raygen_job_running", GAUGE, _MR, "1 while the driver runs; set to 0 on clean exit.", JOB)
 JOB_TRUNCATION_THRESHOLD = Metric(
     "raygen_job_truncation_threshold_ratio", GAUGE, _MR,

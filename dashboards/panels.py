@@ -62,6 +62,10 @@ PROGRESS = Row("Run progress", [
                T(_job(mc.JOB_ROWS_REJECTED), "rejected {{run}}"),
                T(_job(mc.JOB_ROWS_TRUNCATED), "truncated {{run}}"),
                T(_job(mc.JOB_INPUT_ROWS), "total {{run}}")),
+    timeseries("S3 calls retried", T(_job(mc.JOB_S3_RETRIES), "{{run}}")).min(0)
+    .description("Store calls tried again after a transient S3 error (503 SlowDown, 500, a lost "
+                 "connection), the job's processes together; a steady climb = a throttled "
+                 "prefix or an outage the run is riding out (progress.json s3_retries_by_kind)."),
 ])
 
 THROUGHPUT = Row("Throughput", [

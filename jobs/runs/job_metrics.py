@@ -22,6 +22,7 @@ GAUGES = {
     mc.JOB_OUTPUT_TOKENS_WRITTEN: "output_tokens",
     mc.JOB_ETA_SECONDS: "eta_s",
     mc.JOB_LAST_WRITE_TIMESTAMP: "last_write_at",
+    mc.JOB_S3_RETRIES: "s3_retries",
 }
 OUTCOMES = {"failures": mc.FAILURES, "retries": mc.RETRIES, "rejects": mc.REJECTS}
 

@@ -26,6 +26,7 @@ from jobs.io import part_summary
 from jobs.io.digests import sorted_contains
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
+from jobs.io import s3_retry
 from jobs.io.storage import read_bytes, write_json_atomic
 from jobs.runs.watchdog import Watchdog
 
@@ -151,6 +152,7 @@ class ProgressTracker:
             failed = n.failed + failed - self.baseline_failed
             rejected, outside = n.rejects, n.outside
         remaining = max(self.total - done - failed - rejected, 0)
+        retries = s3_retry.job_retries()
         snapshot = {
             "run": self.run, "model": self.model, "status": self.status,
             "total": self.total, "completed": done, "failed": failed,
@@ -179,6 +181,8 @@ class ProgressTracker:
             "session_regenerated_damaged": _done_of(c, self.lost_at_start),
             "outside_input": outside,  # rows whose prompt left the input (not counted)
             "engine_idle_gpu_s": self.engine_idle() if self.engine_idle else None,
+            # Store calls tried again after a transient S3 error, by kind (s3_retry.py).
+            "s3_retries": sum(retries.values()), "s3_retries_by_kind": retries,
         }
         self.last = snapshot
         fenced = self.fence()

@@ -1,7 +1,7 @@
 """Operators' mistakes and systematic errors must not look like success: a 400 storm
 ends `failed` with a non-zero exit, 429s are retried, a poison row fails alone on a
-real replica, one job per run (real drivers, SIGKILL takeover), a 30 s S3 outage
-behind a TCP proxy loses nothing."""
+real replica, one job per run (real drivers, SIGKILL takeover), a throttling S3 and a
+30 s outage behind proxies lose nothing."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from jobs.analysis.status import holder_line
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run, run_config,
                                        run_with_faults, set_faults, slowed, store_of,
                                        write_prompts, write_yaml)
+from tests.support.s3_throttle import ThrottlingS3Proxy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -213,15 +214,24 @@ def _reset(sock: socket.socket) -> None:
 
 
 @pytest.mark.slow
-def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_endpoint,
-                                                                 tmp_path):
-    proxy = FlakyProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+def test_a_throttling_s3_and_a_30_s_outage_mid_run_are_ridden_out_exact(ray_cluster, s3_endpoint,
+                                                                       tmp_path):
+    """The store throttles 10% of requests (503 SlowDown / 500 with S3's XML bodies, each
+    request delayed 10 ms), 30% once rows flow, and is cut off for 30 s mid-run: the
+    session succeeds, exact, without a rerun; progress.json counts the retries. Before
+    jobs/io/s3_retry.py the throttling alone ended the session (the SDK's INTERNAL_FAILURE
+    on a throttled small read), and the fence at half of job.lease_timeout_s could end it
+    on the outage."""
+    throttle = ThrottlingS3Proxy(int(s3_endpoint.rsplit(":", 1)[1]), error_share=0.1,
+                                 delay_s=0.01, seed=3)
+    proxy = FlakyProxy(throttle.port)  # the run -> outage -> throttling -> moto
     rows = write_prompts(tmp_path / "p.jsonl", 160)
     # The shared fast app, slowed (helpers.slowed) for the session: most parts are still
-    # to come when the outage starts.
+    # to come when the outage starts. The 120 s lease timeout of earlier defaults: its
+    # old fence (60 s) could close in a 30 s outage begun late in a renewal interval.
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
-                      job={"rows_per_file": 16, "batch_size": 8})
-    direct = store_of(tree)  # the test watches past the proxy
+                      job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 120})
+    direct = store_of(tree)  # the test watches past the proxies
     tree["storage"]["endpoint_url"] = f"http://127.0.0.1:{proxy.port}"
     outcome: dict = {}
 
@@ -235,7 +245,9 @@ def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_
         runner = threading.Thread(target=job)
         runner.start()
         try:
-            wait_until(lambda: direct.part_paths("data"), 180, "the first data part")
+            wait_until(lambda: direct.part_paths("data") or not runner.is_alive(), 180,
+                       "the first data part")
+            throttle.error_share = 0.3
             before = len(direct.part_paths("data"))
             proxy.outage()
             down_at = time.monotonic()
@@ -248,12 +260,17 @@ def test_s3_outage_of_30_s_mid_run_is_retried_and_loses_nothing(ray_cluster, s3_
             proxy.restore()
             runner.join(timeout=300)
             proxy.close()
-    tree["storage"]["endpoint_url"] = s3_endpoint  # read the result past the proxy
+            throttle.close()
+    tree["storage"]["endpoint_url"] = s3_endpoint  # read the result past the proxies
     assert "error" not in outcome, outcome.get("error")
     assert outcome["summary"].status == "succeeded"
     assert proxy.refused > 0 and before < 160 / 16, "the outage must hit a run in progress"
+    assert throttle.total_throttled() > 30
     _assert_exactly_once(tree, 160)
     assert read(tree, "failures").empty
+    progress = direct.read_json("progress.json")
+    assert progress["status"] == "succeeded" and progress["s3_retries"] > 0
+    assert progress["s3_retries"] == sum(progress["s3_retries_by_kind"].values())
 
 
 @pytest.mark.slow
