@@ -139,7 +139,8 @@ class EngineReplica:
                                    else assistant_spans)
         self.metrics = ReplicaMetrics(self.cfg.model_name)
         self.watch = OutputWatch(cfg.drain_flagged_fraction, cfg.drain_window_rows,
-                                 self.replica_id)
+                                 self.replica_id,
+                                 canary=bool(cfg.canary_interval_s and canary_board))
         self.canary_board = canary_board() if canary_board else None  # None: no canary
         self.canary_digest: Optional[str] = None  # of its latest canary round
         self._inflight = 0
@@ -172,11 +173,12 @@ class EngineReplica:
                 f"{_app_name()}:{self.config_hash}", self.replica_id, self.canary_digest,
                 canary.REPORT_TTL_INTERVALS * self.cfg.canary_interval_s)
             if not why:
+                self.watch.sound()
                 return None
             logger.warning("canary of replica %s differs from its fleet's (%s)",
                            self.replica_id, self.canary_digest)
         self.watch.drain_now(f"{why} ({canary.CONFIRM_ROUNDS} rounds in a row)",
-                             list(self._inflight_keys))
+                             list(self._inflight_keys), since_sound=True)
         return why
 
     async def _canary_loop(self) -> None:

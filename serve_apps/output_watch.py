@@ -9,7 +9,12 @@ fleet's (serve_apps/canary.py), it is drained: its health check fails (Serve rep
 it: a new engine process) and it refuses further rows as ``engine_dead`` (the job
 retries them on the other replicas).
 
-The drain condemns the rows of its window and those still inside its engine: every
+The drain condemns the rows of its window, those still inside its engine, and every
+flagged row it returned since its last sound canary (or its start): an engine that breaks
+some outputs before the window tips (or a fleet-wide flag rate that hides a slow start)
+leaves no flagged row of its own as a key's latest. A canary drain (outputs that look
+sound but differ from the fleet's: a drift no flag sees) condemns every row returned since
+the last sound canary, flagged or not: the drift began after that canary. Every
 result it returns from then on carries the :class:`Drain` record of its run's condemned
 keys (``GenerateResult.drained``), so whichever job actor receives one records it under
 the run and those rows are regenerated as new versions (jobs/runs/regenerate.py). The
@@ -55,12 +60,19 @@ class Drain:
 
 
 class OutputWatch:
-    def __init__(self, fraction: Optional[float], window: int, replica: str = ""):
+    def __init__(self, fraction: Optional[float], window: int, replica: str = "",
+                 canary: bool = False):
         self.fraction, self.replica = fraction, replica
+        # run -> keys of every result since the last sound canary: kept only with the
+        # canary on (it clears them every canary interval; without it they would grow)
+        self.since_sound: Optional[dict[str, set[str]]] = \
+            collections.defaultdict(set) if canary else None
         # (run, key, flags) of the latest successful results
         self.recent: collections.deque[tuple[str, str, tuple[str, ...]]] = \
             collections.deque(maxlen=window)
         self.drain: Optional[Drain] = None
+        # run -> keys of flagged results since the last sound canary (or the start)
+        self.flagged: dict[str, set[str]] = collections.defaultdict(set)
 
     @property
     def drained(self) -> Optional[str]:
@@ -72,7 +84,12 @@ class OutputWatch:
         """A successful result; ``inflight``: (run, key) of the rows still in the engine."""
         if self.drain or result.error_class:
             return
-        self.recent.append((run, result.key, tuple(result_flags(result))))
+        flags = tuple(result_flags(result))
+        self.recent.append((run, result.key, flags))
+        if flags:
+            self.flagged[run].add(result.key)
+        if self.since_sound is not None:
+            self.since_sound[run].add(result.key)
         if self.fraction is None or len(self.recent) < self.recent.maxlen:
             return
         bad = [flags for _, _, flags in self.recent if flags]
@@ -83,13 +100,29 @@ class OutputWatch:
                            f"flagged ({named}; engine.drain_flagged_fraction "
                            f"{self.fraction:g}); Serve restarts its engine", inflight)
 
-    def drain_now(self, reason: str, inflight: Iterable[tuple[str, str]] = ()) -> None:
-        """Drain (once): condemn the window's rows and those in flight."""
+    def sound(self) -> None:
+        """The canary agreed with the fleet: the engine was sound until now, so the flagged
+        rows before it are the prompts' own (regenerated only with --regenerate-flagged)."""
+        if not self.drain:
+            self.flagged.clear()
+            if self.since_sound is not None:
+                self.since_sound.clear()
+
+    def drain_now(self, reason: str, inflight: Iterable[tuple[str, str]] = (),
+                  since_sound: bool = False) -> None:
+        """Drain (once): condemn the window's rows, those in flight and the flagged rows
+        since the last sound canary; ``since_sound`` (a canary drain): every row since it."""
         if self.drain:
             return
         keys: dict[str, set[str]] = collections.defaultdict(set)
         for run, key in [(run, key) for run, key, _ in self.recent] + list(inflight):
             keys[run].add(key)
+        also = [self.flagged]
+        if since_sound and self.since_sound is not None:
+            also.append(self.since_sound)
+        for found in also:
+            for run, held in found.items():
+                keys[run] |= held
         self.drain = Drain(self.replica, reason, time.time(),
                            {run: sorted(k) for run, k in sorted(keys.items())})
         logger.error("replica %s; condemns %d rows", reason,

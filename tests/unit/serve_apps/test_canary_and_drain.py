@@ -79,3 +79,39 @@ def test_a_canary_drain_condemns_the_window_even_with_the_flag_drain_off():
     assert watch.drain is None  # the flag drain is off
     watch.drain_now("drained: canary")
     assert watch.drained == "drained: canary" and watch.drain.keys == {"run": ["k0", "k1", "k2"]}
+
+
+def test_a_drain_condemns_every_flagged_row_since_the_last_sound_canary():
+    """Rows the engine broke before the window tipped (or before the drain was judged)
+    are condemned too, not only the window's: none stays a key's latest row."""
+    watch = OutputWatch(0.5, 4, replica="rep-3")
+    watch.observe("run", _result("natural", True))   # flagged, then the canary agrees
+    watch.sound()
+    for i, broken in enumerate([True, False, False, False, False, True, True]):
+        watch.observe("run", _result(f"k{i}", broken))
+    assert watch.drain is None  # 2 of the last 4: not over half yet
+    watch.observe("run", _result("k7", True))
+    assert watch.drain is not None
+    # k0 left the window long ago but was flagged after the sound canary: condemned;
+    # k1 (sound, outside the window) and "natural" (before the canary) are not.
+    assert watch.drain.keys == {"run": ["k0", "k4", "k5", "k6", "k7"]}
+    watch.sound()  # a canary after the drain changes nothing
+    assert watch.drain.keys["run"][0] == "k0"
+
+
+def test_a_canary_drain_condemns_every_row_since_the_last_sound_canary():
+    """A drift looks sound to the flags: every row since the canary last agreed goes,
+    flagged or not; without the canary nothing is kept beyond the window."""
+    watch = OutputWatch(0.5, 2, replica="rep-4", canary=True)
+    watch.observe("run", _result("before", False))
+    watch.sound()
+    for i in range(5):
+        watch.observe("run", _result(f"d{i}", False))
+    watch.drain_now("drained: canary", inflight=[("run", "held")], since_sound=True)
+    assert watch.drain.keys == {"run": ["d0", "d1", "d2", "d3", "d4", "held"]}
+    flag_drain = OutputWatch(0.5, 2, replica="rep-5", canary=True)
+    for i in range(5):
+        flag_drain.observe("run", _result(f"s{i}", False))
+    flag_drain.drain_now("drained: flags")  # not a canary drain: the window only
+    assert flag_drain.drain.keys == {"run": ["s3", "s4"]}
+    assert OutputWatch(0.5, 2).since_sound is None  # canary off: nothing kept

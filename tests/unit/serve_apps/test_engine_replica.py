@@ -246,6 +246,9 @@ def test_a_replica_whose_canary_differs_from_the_others_drains():
     assert "canary outputs" in (replicas[0].watch.drained or "")
     assert "(2 rounds in a row)" in replicas[0].watch.drained
     assert [r.watch.drained for r in replicas[1:]] == [None, None]
+    replicas[1].watch.flagged["run"].add("looped")  # a prompt's own flagged row, then...
+    asyncio.run(replicas[1].canary_round())          # ...a canary that agrees: sound until now
+    assert not replicas[1].watch.flagged
     with pytest.raises(EngineDead, match="canary"):
         asyncio.run(replicas[0].check_health())
     info = asyncio.run(replicas[1].info())
