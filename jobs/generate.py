@@ -127,13 +127,17 @@ def follow_up(cfg, mode, summary, run_job, stop_exc):
         summary = turn_rounds.rounds(
             store, summary, StageSettings.of(cfg).settings_hash,
             lambda: run_job(cfg, RunMode(NEXT_TURN), stop_exc=stop_exc))
-        return summary  # condemned rows: not regenerated in every-turn runs (plans.plan)
-
-    def session():
-        done = run_job(cfg, RunMode(REGENERATE), stop_exc=stop_exc)
-        done.text += "\n" + regenerate.session_line(done.progress)
-        return done
-    return regenerate.follow_up(store, summary, session)
+        # condemned rows: not regenerated in every-turn runs (plans.plan)
+    else:
+        def session():
+            done = run_job(cfg, RunMode(REGENERATE), stop_exc=stop_exc)
+            done.text += "\n" + regenerate.session_line(done.progress)
+            return done
+        summary = regenerate.follow_up(store, summary, session)
+    line = regenerate.flagged_line(summary.progress)  # the last session's end: what is left
+    if line and summary.status == "succeeded":
+        summary.text += "\n" + line
+    return summary
 
 
 def main(argv: Optional[list[str]] = None) -> int:

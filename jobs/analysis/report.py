@@ -30,6 +30,7 @@ Design decisions:
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
 import io
 import math
@@ -39,6 +40,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from jobs.analysis.forecast import forecast_report
 from jobs.analysis.thinking_budget import budgets_md, in_effect, thinking_budgets
@@ -61,7 +63,9 @@ REPORT_COLUMNS = [
     "version", "category", "finish_reason", "finished_thinking", "prompt_tokens",
     "completion_tokens", "reasoning_tokens", "max_new_tokens", "effective_max_new_tokens",
     "budget_clamped_by", "continuations", "spec_verify_ct", "repetition_ratio",
-    "settings_hash", "created_at", "latency_s", "replica", "max_thinking_tokens"]
+    "settings_hash", "created_at", "latency_s", "replica", "max_thinking_tokens",
+    "integrity_flags"]
+FLAGGED_KEYS_LISTED = 100     # report.json names this many flagged latest rows by key
 
 
 # --- figures ----------------------------------------------------------------------------
@@ -74,12 +78,44 @@ def load_latest(store: RunStore,
         index = RunIndex(store)
     index.refresh()
     # held: the session's end writes the compact stats object from this same read
-    tables = [table for _, _, table in index.latest_stats(REPORT_COLUMNS, hold=True)]
+    tables, flagged_at = [], []
+    for path, rows, table in index.latest_stats(REPORT_COLUMNS, hold=True):
+        tables.append(table)
+        lengths = pc.list_value_length(table.column("integrity_flags")).to_numpy(
+            zero_copy_only=False)
+        flagged_at += [(path, int(rows[i])) for i in np.flatnonzero(np.nan_to_num(lengths) > 0)]
     table = pa.concat_tables(tables) if tables else pa.schema(
         [DATA.field(c) for c in REPORT_COLUMNS]).empty_table()
     df = table.to_pandas()
     df["category"] = df["category"].fillna("none").astype(str)
+    df.attrs["flagged_at"] = flagged_at  # (part, row) of the flagged rows: their keys
     return df, index
+
+
+def flagged_stats(store: RunStore, df: pd.DataFrame) -> dict[str, Any]:
+    """The latest rows that carry integrity flags (export leaves them out): by flag and
+    category, and the first FLAGGED_KEYS_LISTED by key with their version (how many
+    times the key was generated or continued before) and replica, read from their parts'
+    key column only. Rows whose part predates the column are "not recorded"."""
+    flags = df["integrity_flags"]
+    recorded = flags.notna()
+    hit = recorded & flags.map(lambda f: f is not None and len(f) > 0)
+    by_flag = collections.Counter(f for fs in flags[hit] for f in fs)
+    keys = []
+    by_part: dict[str, list[int]] = collections.defaultdict(list)
+    for path, row in df.attrs.get("flagged_at", [])[:FLAGGED_KEYS_LISTED]:
+        by_part[path].append(row)
+    for path, rows in by_part.items():
+        t = store.read_part(path, ["key", "version", "replica", "integrity_flags"])
+        if t.num_rows:
+            keys += t.take(pa.array(rows)).to_pylist()
+    keys.sort(key=lambda r: r["key"])
+    return {"rows": int(hit.sum()), "not_recorded": int((~recorded).sum()),
+            "by_flag": dict(by_flag.most_common()),
+            "by_category": {str(k): int(v) for k, v in
+                            df.loc[hit, "category"].value_counts().items()},
+            "keys": [{"key": r["key"], "version": r["version"], "replica": r["replica"],
+                      "flags": list(r["integrity_flags"] or [])} for r in keys]}
 
 
 def _num(x: Any, nd: int = 4) -> Optional[float]:
@@ -201,6 +237,7 @@ def assemble(store: RunStore, df: pd.DataFrame, index: RunIndex,
         "by_prompt_bin": breakdown(df, prompt_bin(df["prompt_tokens"]).astype(object),
                                    [label for _, _, label in PROMPT_BINS]),
         "failures": failure_stats(store, index.done),
+        "flagged": flagged_stats(store, df),
         "rejects": reject_stats(store),
         "forecast": fc,
         "token_yield": yield_report(df, lengths) if lengths else None,
@@ -377,6 +414,18 @@ def _trainable_forecast_md(fc: dict[str, Any]) -> list[str]:
 def _problems_md(rep: dict[str, Any]) -> list[str]:
     f, r = rep["failures"], rep["rejects"]
     lines = [f"## Failures ({f['open']:,} open) and rejects ({r['total']:,})", ""]
+    flagged = rep.get("flagged") or {}
+    if flagged.get("rows"):
+        named = ", ".join(f"{k} {v}" for k, v in flagged["by_flag"].items())
+        lines += [f"{flagged['rows']:,} latest rows carry integrity flags ({named}); export "
+                  f"leaves them out. `raygen generate --config FILE --regenerate-flagged` "
+                  f"generates them again as new versions.", ""]
+        lines += _table(["key", "version", "replica", "flags"],
+                        [[k["key"].replace("|", "/"), _fmt(k["version"]), k["replica"] or "-",
+                          ", ".join(k["flags"])] for k in flagged["keys"]])
+    if flagged.get("not_recorded"):
+        lines += [f"{flagged['not_recorded']:,} latest rows are in parts written before "
+                  f"raygen recorded integrity flags: not counted.", ""]
     if f["by_error_class"]:
         lines += _table(["error class", "open failures"],
                         [[k, _fmt(v)] for k, v in f["by_error_class"].items()])

@@ -32,6 +32,10 @@ dictionaries) and writes its buffers zstd-compressed, so the end-of-session repo
 sidecars, never a data part (jobs/analysis/report.py). The run index never keeps them:
 it takes its per-key columns and drops the table. A format 1-3 sidecar stays valid; the
 report reads its part's columns instead (``has_stats``).
+
+Format 5 adds ``integrity_flags`` (contract/integrity.py) to the statistics, so the
+report counts the latest rows an engine broke without reading a part. A format-4 sidecar
+answers every other statistic; its part is read for that one column (``served``).
 """
 
 from __future__ import annotations
@@ -49,16 +53,18 @@ from jobs.io.schema import DATA
 
 # Format 2 adds part_sha256; format 1 sidecars (written before it) are read as they are:
 # their parts are checked by Parquet's own page checksums only. Format 3 adds key_salt_id;
-# 1 and 2 are unsalted. Format 4 adds STATS_COLUMNS to data sidecars.
-FORMAT = "4"
-READABLE_FORMATS = ("1", "2", "3", "4")
+# 1 and 2 are unsalted. Format 4 adds STATS_COLUMNS to data sidecars; format 5 adds
+# integrity_flags to them.
+FORMAT = "5"
+READABLE_FORMATS = ("1", "2", "3", "4", "5")
 # Data columns a format-4 sidecar keeps per row as they are in the part (the report's);
 # version, created_at, finish_reason, completion_tokens and settings_hash it has already.
 STATS_COLUMNS = ["category", "finished_thinking", "prompt_tokens", "reasoning_tokens",
                  "max_new_tokens", "effective_max_new_tokens", "budget_clamped_by",
                  "continuations", "spec_verify_ct", "repetition_ratio", "latency_s",
-                 "replica", "max_thinking_tokens"]
-# Every data column a format-4 sidecar answers per row (``stats``): the report's.
+                 "replica", "max_thinking_tokens", "integrity_flags"]
+STATS_ADDED = {"integrity_flags": "5"}   # statistics a later format added: since which
+# Every data column a format-5 sidecar answers per row (``stats``): the report's.
 SERVED = ["version", "finish_reason", "completion_tokens", "settings_hash", "created_at",
           *STATS_COLUMNS]
 _DICTIONARY = {"category", "budget_clamped_by", "replica"}   # few distinct values
@@ -188,8 +194,15 @@ def decode(data: bytes, kind: str, part_bytes: Optional[int], salt: bytes = b"")
 
 
 def has_stats(summary: pa.Table) -> bool:
-    """Whether a data sidecar holds STATS_COLUMNS (format 4 and later)."""
-    return set(STATS_COLUMNS) <= set(summary.column_names)
+    """Whether a data sidecar holds the report's statistics (format 4 and later; a
+    format-4 one without those STATS_ADDED since)."""
+    return set(STATS_COLUMNS) - set(STATS_ADDED) <= set(summary.column_names)
+
+
+def served(summary: pa.Table, columns: list[str]) -> list[str]:
+    """Those of ``columns`` a sidecar with statistics answers (the rest: its part's)."""
+    held = set(summary.column_names)
+    return [c for c in columns if c not in STATS_ADDED or c in held]
 
 
 def stats(summary: pa.Table, rows: pa.Array, columns: list[str]) -> pa.Table:

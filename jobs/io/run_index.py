@@ -47,7 +47,7 @@ from jobs.io import index_compact, part_summary
 from jobs.io.digests import digests_of, sorted_contains
 from jobs.io.run_store import RunStore
 from jobs.io.samples import row_key
-from jobs.io.schema import KINDS
+from jobs.io.schema import DATA, KINDS
 from jobs.io.storage import list_files, read_bytes, write_bytes_atomic
 
 logger = logging.getLogger("raygen")
@@ -465,7 +465,18 @@ def latest_stats_by_part(store: RunStore, index: RunIndex, columns: list[str]
             except part_summary.BadSidecar:
                 summary = None
             if summary is not None and part_summary.has_stats(summary):
-                return part_summary.stats(summary, pa.array(rows), columns), "sidecar"
+                held = part_summary.served(summary, columns)
+                table = part_summary.stats(summary, pa.array(rows), held)
+                if len(held) == len(columns):
+                    return table, "sidecar"
+                # a format-4 sidecar: the statistics added since come from the part
+                rest = [c for c in columns if c not in held]
+                read = store.read_part(path, rest)
+                if not read.num_rows:  # quarantined meanwhile: no rows, as below
+                    return read, "part"
+                read = read.take(pa.array(rows))
+                return pa.table({c: (table if c in held else read).column(c) for c in columns},
+                                schema=pa.schema([DATA.field(c) for c in columns])), "sidecar+part"
         table = store.read_part(path, columns)
         return (table.take(pa.array(rows)) if table.num_rows else table), "part"
 

@@ -121,6 +121,14 @@ class ProgressTracker:
             return dict(self.last, status=status)
         return self.update()
 
+    def add_final(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The stopped session's snapshot with ``fields`` added (what its end found: the
+        report's flagged rows), written again unless fenced."""
+        self.last = dict(self.last or {}, **fields)
+        if self.fence() is None:
+            write_json_atomic(self.store.loc("progress.json"), self.last)
+        return self.last
+
     def _rates(self, now: float) -> tuple[float, float]:
         done, tokens = len(self.index.done), self.index.output_tokens
         self._history.append((now, done, tokens))

@@ -162,6 +162,37 @@ def follow_up(store: RunStore, summary, session: Callable[[], Any]):
     return summary
 
 
+# --- what is left flagged ------------------------------------------------------------
+
+KEYS_IN_PROGRESS = 20   # flagged latest rows progress.json names by key
+
+
+def flagged_fields(report: dict[str, Any]) -> dict[str, Any]:
+    """What progress.json says of the latest rows still flagged at a session's end (the
+    report counted them: jobs/analysis/report.py flagged_stats)."""
+    flagged = report.get("flagged") or {}
+    return {"flagged_latest": flagged.get("rows", 0),
+            "flagged_latest_by_flag": flagged.get("by_flag", {}),
+            "flagged_latest_keys": [{"key": k["key"], "version": k["version"]}
+                                    for k in flagged.get("keys", [])[:KEYS_IN_PROGRESS]]}
+
+
+def flagged_line(snap: Optional[dict[str, Any]]) -> str:
+    """The summary's line for latest rows that still carry integrity flags after the
+    drains' rows were regenerated: a prompt the model itself loops on, most likely (the
+    same flags on every engine). Empty when none."""
+    n = (snap or {}).get("flagged_latest") or 0
+    if not n:
+        return ""
+    kinds = ", ".join(f"{k} {v}" for k, v in (snap.get("flagged_latest_by_flag") or {}).items())
+    keys = snap.get("flagged_latest_keys") or []
+    named = ", ".join(f"{k['key']} (version {k['version']})" for k in keys[:5])
+    more = f" and {n - min(len(keys), 5)} more" if n > min(len(keys), 5) else ""
+    return (f"  flagged:   {n} latest rows still carry integrity flags ({kinds}): {named}"
+            f"{more} (report.md lists them; version = earlier tries); export leaves them "
+            f"out; `raygen generate --config ... --regenerate-flagged` tries them again")
+
+
 def session_line(snap: Optional[dict[str, Any]]) -> str:
     """The summary's line of a regenerate session."""
     rows = (snap or {}).get("session_rows", 0)

@@ -35,6 +35,7 @@ from jobs.runs.errors import RunError
 from jobs.runs.job_metrics import JobGauges, dashboard_url
 from jobs.runs.lease import LeaseHeld, RunLease, UnsafeStore
 from jobs.runs.progress import ProgressTracker
+from jobs.runs.regenerate import flagged_fields
 from jobs.runs.provenance import record_session as record_provenance
 from jobs.runs.watchdog import Watchdog, diagnose
 from serve_apps.app import deploy_or_attach, deployed_engine_hash, deployment_options
@@ -97,14 +98,16 @@ def _session_rows(snap: dict[str, Any], versions_as: str = "continued", samples:
     return f"{rows} rows written" + (f": {', '.join(parts)}" if parts else "")
 
 
-def _report(store: RunStore, index: RunIndex) -> str:
-    """End-of-run report (report.md/json/png); a report problem never fails the run."""
+def _report(store: RunStore, index: RunIndex) -> tuple[str, Optional[dict[str, Any]]]:
+    """End-of-run report (report.md/json/png) and its summary line; a report problem
+    never fails the run (None: no report)."""
     try:
-        report_and_write(store, index=index)
+        report = report_and_write(store, index=index)
     except Exception as exc:  # noqa: BLE001
         logger.warning("report failed (the data is intact): %s", exc)
-        return ""
-    return f"\n  report:    {store.uri}/report.md (python -m jobs.analysis.report {store.uri})"
+        return "", None
+    return (f"\n  report:    {store.uri}/report.md (python -m jobs.analysis.report "
+            f"{store.uri})"), report
 
 
 # Run by the SIGTERM handler before it raises: `ray job stop` SIGKILLs the driver 3 s
@@ -352,7 +355,10 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     if lease is not None and lease.takeover:
         text += f"\n  lease:     {lease.takeover}"
     if not fence():  # a driver that lost its lease writes nothing over the next holder's
-        text += _report(store, progress.index)
+        line, report = _report(store, progress.index)
+        text += line
+        if report is not None:  # progress.json says what the end found (regenerate.py)
+            snap = progress.add_final(flagged_fields(report))
         index_compact.maybe_write(progress.index)  # the next open: O(sessions) reads
     if error:
         failure = RunError(f"{error}\n{text}")

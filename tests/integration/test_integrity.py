@@ -41,7 +41,8 @@ def test_a_replica_returning_broken_outputs_is_flagged_drained_and_its_rows_rege
     (broken, broken_url), (sound, _) = sorted(
         (r, i["engine_url"]) for r, i in replica_infos(APP, 2).items())
     set_faults([broken_url], broken_output="token_loop")
-    assert run(tree).status == "succeeded"
+    first = run(tree)
+    assert first.status == "succeeded"
     with pytest.raises(OSError):  # drained and replaced: that engine is gone
         set_faults([broken_url], broken_output="")
     data = read(tree, "data")
@@ -55,6 +56,10 @@ def test_a_replica_returning_broken_outputs_is_flagged_drained_and_its_rows_rege
     after_drain = replica_infos(APP, 2, where=lambda info: info["replica"] != broken)
     assert sound in after_drain and broken not in after_drain, sorted(after_drain)
     n_broken = len(flags[broken])
+    # before the regenerate session: the session's end counts them, by key
+    assert first.progress["flagged_latest"] == n_broken
+    assert store_of(tree).read_json("progress.json")["flagged_latest"] == n_broken
+    assert len(first.progress["flagged_latest_keys"]) == min(n_broken, 20)
     # It stopped taking rows once its window was full; only those already inside its
     # engine came back after that: at most every row the job had in flight (the router may
     # have put them all there). A replica that never drained would make ~ROWS / 2.
@@ -79,7 +84,11 @@ def test_a_replica_returning_broken_outputs_is_flagged_drained_and_its_rows_rege
     assert record["replica"] == broken
     assert set(record["keys"]) == set(data[data.replica == broken]["key"])
     assert generate.main(["--config", str(cfg)]) == 0
-    assert f"regenerated: {n_broken} rows as new versions" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"regenerated: {n_broken} rows as new versions" in said
+    assert "flagged:" not in said  # nothing broken is left quietly
+    assert store_of(tree).read_json("progress.json")["flagged_latest"] == 0
+    assert store_of(tree).read_json("report.json")["flagged"]["rows"] == 0
     after = read(tree, "data")
     latest = latest_rows(after)
     assert len(latest) == ROWS and latest["key"].is_unique

@@ -76,13 +76,25 @@ def censor(lengths: Iterable[int], cap: int):
 
 def sidecar_as_format_3(store: RunStore, kind: str, part_name: str) -> None:
     """Rewrite a part's sidecar as raygen before format 4 wrote it: no report statistics,
-    uncompressed, format 3 (a run written by the previous version)."""
+    uncompressed, format 3 (a run written by an earlier version)."""
     from jobs.io import part_summary
+    _rewrite_sidecar(store, kind, part_name, "3", part_summary.STATS_COLUMNS)
+
+
+def sidecar_as_format_4(store: RunStore, kind: str, part_name: str) -> None:
+    """Rewrite a part's sidecar as raygen before format 5 wrote it: the statistics but
+    integrity_flags, format 4 (a run written by the previous version)."""
+    from jobs.io import part_summary
+    _rewrite_sidecar(store, kind, part_name, "4", list(part_summary.STATS_ADDED))
+
+
+def _rewrite_sidecar(store: RunStore, kind: str, part_name: str, fmt: str,
+                     dropped: list[str]) -> None:
     loc = store.sidecar_loc(kind, part_name)
     with open(loc.path, "rb") as f:
         table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
-    table = table.drop_columns([c for c in part_summary.STATS_COLUMNS if c in table.column_names])
-    table = table.replace_schema_metadata({**table.schema.metadata, b"format": b"3"})
+    table = table.drop_columns([c for c in dropped if c in table.column_names])
+    table = table.replace_schema_metadata({**table.schema.metadata, b"format": fmt.encode()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)

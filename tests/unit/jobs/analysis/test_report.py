@@ -199,3 +199,35 @@ def test_report_and_write_on_a_run_without_rows(store):
     assert rep["keys"] == 0 and rep["overall"]["output_tokens"]["mean"] is None
     assert rep["failures"]["open"] == 1 and rep["forecast"]["rows"] == []
     assert (open(f"{store.root.path}/report_lengths.png", "rb").read(4) == b"\x89PNG")
+
+
+def test_flagged_latest_rows_are_counted_and_named_by_key(store):
+    """Only a key's latest row counts: a flagged row regenerated sound is gone from the
+    count; one whose part predates the column is "not recorded", not sound."""
+    write_rows(store, "data", [
+        make_row("cured", 0, integrity_flags=["token_run"], replica="bad"),
+        make_row("cured", 1, replica="good"),
+        make_row("loops", 0, integrity_flags=["token_run", "ngram_loop"], replica="bad"),
+        make_row("loops", 1, integrity_flags=["token_run"], replica="good", category="code"),
+        make_row("empty", 0, integrity_flags=["empty_answer"], replica="r1"),
+        make_row("old", 0, integrity_flags=None),
+        make_row("sound", 0)], per_file=3)
+    f = report.report_and_write(store)["flagged"]
+    assert f["rows"] == 2 and f["not_recorded"] == 1
+    assert f["by_flag"] == {"token_run": 1, "empty_answer": 1}
+    assert f["by_category"] == {"chat": 1, "code": 1}
+    assert f["keys"] == [
+        {"key": "empty", "version": 0, "replica": "r1", "flags": ["empty_answer"]},
+        {"key": "loops", "version": 1, "replica": "good", "flags": ["token_run"]}]
+    md = open(f"{store.root.path}/report.md").read()
+    assert "2 latest rows carry integrity flags (token_run 1, empty_answer 1)" in md
+    assert "--regenerate-flagged" in md and "| loops | 1 | good | token_run |" in md
+    assert "1 latest rows are in parts written before" in md
+
+
+def test_a_run_without_flagged_rows_says_nothing_of_them(run):
+    store, _ = run
+    rep = report.build_report(store)
+    assert rep["flagged"] == {"rows": 0, "not_recorded": 0, "by_flag": {},
+                              "by_category": {}, "keys": []}
+    assert "integrity flags" not in report.render_markdown(rep)

@@ -242,7 +242,7 @@ def test_the_report_reads_the_stats_object_and_only_the_sidecars_of_newer_parts(
     assert again.reads["report_compact"] == len(store.part_paths("data")) and reads == []
 
 
-@pytest.mark.parametrize("damage", ["truncated", "another object's", "missing"])
+@pytest.mark.parametrize("damage", ["truncated", "another object's", "missing", "format 1"])
 def test_a_stats_object_that_is_not_its_compact_objects_is_not_used(store, monkeypatch,
                                                                     caplog, damage):
     fill(store, "a")
@@ -256,6 +256,12 @@ def test_a_stats_object_that_is_not_its_compact_objects_is_not_used(store, monke
         open(second, "wb").write(data[:len(data) // 2])
     elif damage == "another object's":  # the previous session's, covering fewer parts
         open(second, "wb").write(open(first, "rb").read())
+    elif damage == "format 1":  # the previous raygen's: without integrity_flags
+        table = pa.ipc.open_file(open(second, "rb").read()).read_all()
+        table = table.drop_columns(["integrity_flags"]).replace_schema_metadata(
+            {**table.schema.metadata, b"stats_format": b"1"})
+        with pa.OSFile(second, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
     else:  # a compact object written by the raygen before the stats object
         os.unlink(second)
     index = RunIndex.open(store)
@@ -263,7 +269,7 @@ def test_a_stats_object_that_is_not_its_compact_objects_is_not_used(store, monke
         got = stats_frame(index)
     assert "report_compact" not in index.reads
     assert index.reads["report_sidecar"] == len(store.part_paths("data"))
-    if damage == "missing":
+    if damage in ("missing", "format 1"):  # an upgrade, not damage: no warning
         assert "statistics" not in caplog.text
     else:
         assert "00000002.stats.arrow not used" in caplog.text

@@ -1,6 +1,7 @@
-"""Format-4 data sidecars keep the report's per-row statistics, so the end-of-session
-report reads no data part; format 1-3 sidecars stay valid (the report reads their
-parts' columns instead) and both ways give the same report."""
+"""Format-4 and 5 data sidecars keep the report's per-row statistics, so the end-of-
+session report reads no data part; format 1-3 sidecars stay valid (the report reads their
+parts' columns instead), a format-4 one answers all but integrity_flags (format 5's), and
+every way gives the same report."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from jobs.io import part_summary
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from tests.support.run_rows import (T0, failure_row, make_row, reject_row,
-                                    sidecar_as_format_3, write_rows)
+                                    sidecar_as_format_3, sidecar_as_format_4,
+                                    write_rows)
 
 SIDECAR_OWN = {"version", "created_at", "finish_reason", "completion_tokens", "settings_hash"}
 
@@ -79,15 +81,15 @@ def figures(store: RunStore) -> dict:
     return rep
 
 
-def test_every_report_column_is_in_a_format_4_sidecar():
+def test_every_report_column_is_in_a_format_5_sidecar():
     assert set(report.REPORT_COLUMNS) <= SIDECAR_OWN | set(part_summary.STATS_COLUMNS)
 
 
-def test_a_format_4_sidecar_holds_the_parts_values(store):
+def test_a_format_5_sidecar_holds_the_parts_values(store):
     path = store.part_paths("data")[0]
     with open(store.sidecar_loc("data", os.path.basename(path)).path, "rb") as f:
         summary = part_summary.decode(f.read(), "data", os.path.getsize(path), store.key_salt)
-    assert summary.schema.metadata[b"format"] == b"4" and part_summary.has_stats(summary)
+    assert summary.schema.metadata[b"format"] == b"5" and part_summary.has_stats(summary)
     assert pa.types.is_dictionary(summary.schema.field("category").type)
     rows = pa.array([0, 3, 5, 31])
     columns = report.REPORT_COLUMNS
@@ -118,6 +120,28 @@ def test_a_run_of_both_formats_reports_the_same(store, monkeypatch):
     reads = data_part_reads(monkeypatch, store)
     assert figures(store) == whole
     assert sorted(reads) == sorted(paths[::2])
+
+
+def test_format_4_sidecars_answer_all_but_the_flags_which_their_parts_give(store, monkeypatch):
+    """A run upgraded mid-way: its format-4 sidecars serve every statistic they hold; only
+    integrity_flags (added by format 5) is read from their parts, and the report is the
+    same."""
+    whole = figures(store)
+    paths = store.part_paths("data")
+    for path in paths[1::2]:
+        sidecar_as_format_4(store, "data", os.path.basename(path))
+    columns: list = []
+    real = store.read_part
+    monkeypatch.setattr(store, "read_part", lambda path, cols=None, sha256=None: (
+        columns.append((path, cols)), real(path, cols, sha256))[1])
+    index = RunIndex.open(store)
+    assert "part" not in index.reads  # a format-4 sidecar stays valid: no rebuild
+    df, _ = report.load_latest(store, index)
+    assert figures(store) == whole
+    columns = [c for path, c in columns if "/data/" in path]
+    assert columns and all(c == ["integrity_flags"] for c in columns), columns
+    assert len(columns) == 2 * len(paths[1::2])  # twice: load_latest, then figures
+    assert set(df.columns) == set(report.REPORT_COLUMNS)
 
 
 def test_a_stale_sidecar_is_not_taken_for_the_report(store, monkeypatch):

@@ -127,3 +127,22 @@ def test_follow_up_gives_up_after_its_passes_and_says_what_is_left(store):
     done = regenerate.follow_up(store, Summary("succeeded", {}, "first"), session)
     assert len(calls) == regenerate.FOLLOW_UPS
     assert "condemned: 1 rows of drained replicas are still to regenerate" in done.text
+
+
+def test_the_flagged_rows_left_are_said_with_keys_tries_and_the_command(store):
+    from jobs.analysis.report import build_report
+    write_rows(store, "data", [
+        make_row("loops", 0, integrity_flags=["token_run"], replica="bad"),
+        make_row("loops", 1, integrity_flags=["token_run"], replica="good"),
+        make_row("cured", 0, integrity_flags=["empty_answer"]), make_row("cured", 1),
+        *[make_row(f"e{i}", integrity_flags=["empty_answer"]) for i in range(6)]])
+    fields = regenerate.flagged_fields(build_report(store))
+    assert fields["flagged_latest"] == 7
+    assert fields["flagged_latest_by_flag"] == {"empty_answer": 6, "token_run": 1}
+    assert {"key": "loops", "version": 1} in fields["flagged_latest_keys"]
+    line = regenerate.flagged_line(fields)
+    assert line.startswith("  flagged:   7 latest rows still carry integrity flags "
+                           "(empty_answer 6, token_run 1): e0 (version 0)")
+    assert "and 2 more" in line and "--regenerate-flagged" in line
+    assert regenerate.flagged_line({"flagged_latest": 0}) == ""
+    assert regenerate.flagged_line(None) == ""
