@@ -18,7 +18,9 @@ the last sound canary, flagged or not: the drift began after that canary. Every
 result it returns from then on carries the :class:`Drain` record of its run's condemned
 keys (``GenerateResult.drained``), so whichever job actor receives one records it under
 the run and those rows are regenerated as new versions (jobs/runs/regenerate.py). The
-same record on every later result makes it survive the loss of any one of them.
+same record on every later result makes it survive the loss of any one of them; it is
+also published in the cluster at once (contract/drain_board.py) for a run none of whose
+rows come back through the replica after its drain.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from contract import drain_board
 from contract.integrity import integrity_flags, repetition_ratio
 from contract.protocol import GenerateResult
 
@@ -125,5 +128,7 @@ class OutputWatch:
                 keys[run] |= held
         self.drain = Drain(self.replica, reason, time.time(),
                            {run: sorted(k) for run, k in sorted(keys.items())})
+        for run in self.drain.keys:  # for a run none of whose rows come back through it
+            drain_board.publish(run, self.drain.record_for(run))
         logger.error("replica %s; condemns %d rows", reason,
                      sum(len(k) for k in keys.values()))

@@ -27,7 +27,8 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from jobs.io.condemned import FOLDER, UnknownRecord, read_records
+from contract import drain_board
+from jobs.io.condemned import FOLDER, UnknownRecord, read_records, write_record
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io.storage import list_files
@@ -130,6 +131,20 @@ def describe(found: Targets) -> str:
 
 
 # --- after a session -------------------------------------------------------------------
+
+def collect_published(store: RunStore, run: str) -> int:
+    """Write the records drained replicas published in the cluster for ``run``
+    (contract/drain_board.py: a drain none of whose results reached the job) under the
+    run, then drop them there; how many. The lease holder's, at a session's end."""
+    found = drain_board.published(run)
+    for entry, record in found:
+        write_record(store, record)  # the same bytes a result-carried record gives
+        drain_board.remove(entry)
+    if found:
+        logger.warning("recorded %d drained replicas' condemned rows from the cluster: %s",
+                       len(found), ", ".join(r["replica"] for _, r in found))
+    return len(found)
+
 
 def pending(store: RunStore) -> int:
     """Condemned rows not regenerated yet (0 without opening the index when the run has

@@ -35,7 +35,7 @@ from jobs.runs.errors import RunError
 from jobs.runs.job_metrics import JobGauges, dashboard_url
 from jobs.runs.lease import LeaseHeld, RunLease, UnsafeStore
 from jobs.runs.progress import ProgressTracker
-from jobs.runs.regenerate import flagged_fields
+from jobs.runs.regenerate import collect_published, flagged_fields
 from jobs.runs.provenance import record_session as record_provenance
 from jobs.runs.watchdog import Watchdog, diagnose
 from serve_apps.app import deploy_or_attach, deployed_engine_hash, deployment_options
@@ -355,6 +355,10 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     if lease is not None and lease.takeover:
         text += f"\n  lease:     {lease.takeover}"
     if not fence():  # a driver that lost its lease writes nothing over the next holder's
+        try:  # drains whose record reached no result: before what to regenerate is decided
+            collect_published(store, cfg.job.run_name)
+        except Exception as exc:  # noqa: BLE001 - the results' records still count
+            logger.warning("drained replicas' published records not read: %s", exc)
         line, report = _report(store, progress.index)
         text += line
         if report is not None:  # progress.json says what the end found (regenerate.py)

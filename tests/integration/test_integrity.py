@@ -11,6 +11,7 @@ that differ) is caught by the canary alone."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -136,17 +137,38 @@ def test_outputs_broken_on_every_engine_stop_the_run_instead_of_draining_them_al
     serve.delete(app, _blocking=False)  # its replicas stop while the next test runs
 
 
-def test_a_replica_whose_greedy_outputs_drift_is_caught_by_the_canary(ray_cluster, s3_endpoint,
-                                                                      tmp_path):
-    rows = write_prompts(tmp_path / "p.jsonl", 4)
+def test_a_replica_whose_greedy_outputs_drift_is_caught_by_the_canary_and_its_rows_redone(
+        ray_cluster, s3_endpoint, tmp_path, capsys):
+    """One engine of three starts drifting (sound-looking outputs that differ from the
+    fleet's) while rows flow: the canary drains it, the drain condemns every row it
+    returned since its canary last agreed (no flag sees a drift, so its window alone would
+    leave the earlier ones), and the rerun regenerates them: no latest row is that
+    engine's from after the drift began."""
+    import threading
+    n = 240
+    rows = write_prompts(tmp_path / "p.jsonl", n)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-canary",
-                      engine={"canary_interval_s": 1},
-                      serve={"autoscaling": {"min_replicas": 3, "max_replicas": 3}})
+                      engine={"canary_interval_s": 3, "drain_window_rows": 4},
+                      serve={"autoscaling": {"min_replicas": 3, "max_replicas": 3},
+                             "graceful_shutdown_timeout_s": 2},
+                      job={"rows_per_file": 8, "batch_size": 4})
     deploy(tree)
     infos = replica_infos("raygen-canary", 3, where=lambda i: i["canary_digest"])
     assert len({i["canary_digest"] for i in infos.values()}) == 1  # sound engines agree
-    (drift, drift_url), *sound = sorted((r, i["engine_url"]) for r, i in infos.items())
-    set_faults([drift_url], broken_output="drift")
+    store = store_of(tree)
+    done: list = []
+    session = threading.Thread(target=lambda: done.append(run(tree)))
+    session.start()
+    try:
+        wait_until(lambda: len(store.part_paths("data")) >= 6, 120, "rows flowing")
+        # the replica the router sends most to drifts: rows keep going to it
+        drift = read(tree, "data")["replica"].value_counts().index[0]
+        began = time.time()
+        set_faults([infos[drift]["engine_url"]], broken_output="drift")
+    finally:
+        session.join(300)
+    sound = [(r, None) for r in infos if r != drift]
+    assert done and done[0].status == "succeeded", done
 
     def replaced():
         now = replica_infos("raygen-canary", 3, where=lambda i: i["canary_digest"]
@@ -154,3 +176,23 @@ def test_a_replica_whose_greedy_outputs_drift_is_caught_by_the_canary(ray_cluste
         return drift not in now and {r for r, _ in sound} <= set(now) and now
     now = wait_until(replaced, 90, "the drifting replica drained and replaced")
     assert len({i["canary_digest"] for i in now.values()}) == 1
+    data = read(tree, "data")
+    after = data[(data.replica == drift) & (_seconds(data.created_at) > began + 0.5)]
+    # it drained with rows of the run it had returned (recorded even when none of its
+    # results came back after the drain: contract/drain_board.py)
+    (record,) = [r for r in read_records(store) if r["replica"] == drift]
+    assert set(after["key"]) <= set(record["keys"])  # every row since the drift: condemned
+    cfg = write_yaml(tmp_path / "run.yaml", tree)
+    assert generate.main(["--config", str(cfg)]) == 0
+    capsys.readouterr()
+    latest = latest_rows(read(tree, "data"))
+    assert len(latest) == n and latest["key"].is_unique
+    left = latest[(latest.replica == drift) & (_seconds(latest.created_at) > began + 0.5)]
+    assert left.empty, sorted(left["key"])
+    print(f"\ndrift: {len(after)} rows of the drifting replica after it began, "
+          f"{len(record['keys'])} condemned, none left as a latest row")
+
+
+def _seconds(created_at):
+    """Epoch seconds of a created_at column (its unit is the part's: ms)."""
+    return created_at.map(lambda t: t.timestamp())

@@ -146,3 +146,18 @@ def test_the_flagged_rows_left_are_said_with_keys_tries_and_the_command(store):
     assert "and 2 more" in line and "--regenerate-flagged" in line
     assert regenerate.flagged_line({"flagged_latest": 0}) == ""
     assert regenerate.flagged_line(None) == ""
+
+
+def test_a_drain_published_in_the_cluster_is_recorded_under_the_run_once(store, monkeypatch):
+    """A drained replica none of whose results reached the job: its published record is
+    written at the session's end (the same bytes a result would give), then dropped."""
+    from contract import drain_board
+    from tests.unit.contract.test_drain_board import FakeKV
+    kv = FakeKV()
+    monkeypatch.setattr(drain_board, "_kv", lambda: kv)
+    write_rows(store, "data", [make_row("a", replica="bad")])
+    drain_board.publish("run", _drain("bad", ["a"]))
+    assert regenerate.collect_published(store, "run") == 1
+    assert read_records(store) == [dict(_drain("bad", ["a"]), format=1)]
+    assert regenerate.pending(store) == 1 and kv.data == {}
+    assert regenerate.collect_published(store, "run") == 0
