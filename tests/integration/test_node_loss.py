@@ -23,7 +23,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROWS = 240  # 4 parts of 16 durable before the kill, most rows still to come
+ROWS = 160  # 4 parts of 16 durable before the kill, most rows still to come
 JOB_TIMEOUT_S = 300
 
 
