@@ -34,8 +34,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.special import log_ndtr
 
+from jobs.analysis.lognormal import log_q
+from jobs.analysis.numbers import rounded
+from jobs.analysis.token_yield import trainable_forecast
 from jobs.io.run_index import latest_rows
 
 MIN_UNCENSORED = 20          # per-category fit needs this many observed lengths
@@ -49,11 +51,6 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 # --- normal tail, vectorised ---------------------------------------------------------
-
-def log_q(z: np.ndarray) -> np.ndarray:
-    """log P(Z > z) for a standard normal."""
-    return log_ndtr(-np.asarray(z, dtype=float))
-
 
 # --- censored-normal MLE on sufficient statistics, many problems at once -------------
 
@@ -292,8 +289,7 @@ def _fit_resamples(sample: Sample, stats: list) -> tuple[np.ndarray, np.ndarray,
 
 
 def _row(cap, point, lo, hi, km, extrapolated, method) -> dict[str, Any]:
-    def r(x, nd):
-        return None if x is None or not np.isfinite(x) else round(float(x), nd)
+    r = rounded
     return {
         "cap": int(cap), "method": method, "extrapolated": extrapolated,
         "truncated_fraction": r(point[0], 5), "truncated_lo": r(lo[0], 5),
@@ -416,7 +412,6 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
     w, mu, sigma = _bootstrap_fit(sample, n_boot, seed)
     out["rows"] = _parametric_rows(w, mu, sigma, caps, cap, km, n_boot)
     if trainer_max_lengths and "prompt_tokens" in df.columns:
-        from jobs.analysis.token_yield import trainable_forecast
         fitted = df[df["finish_reason"].astype(str).isin(("stop", "length"))]
         for row, entry in zip(out["rows"], trainable_forecast(
                 fitted, sample.categories, mu, sigma, caps, cap, trainer_max_lengths, CI)):

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.analysis.forecast import forecast_report
+from jobs.analysis.numbers import rounded
 from jobs.analysis.thinking_budget import budgets_md, in_effect, thinking_budgets
 from jobs.analysis.token_yield import parse_lengths, yield_report
 from jobs.io.digests import sorted_contains
@@ -118,20 +119,12 @@ def flagged_stats(store: RunStore, df: pd.DataFrame) -> dict[str, Any]:
                       "flags": list(r["integrity_flags"] or [])} for r in keys]}
 
 
-def _num(x: Any, nd: int = 4) -> Optional[float]:
-    """A JSON-safe float (None for NaN/missing)."""
-    if x is None:
-        return None
-    x = float(x)
-    return None if not math.isfinite(x) else round(x, nd)
-
-
 def length_stats(tokens: pd.Series) -> dict[str, Any]:
     t = tokens.astype(float)
     if t.empty:
         return {k: None for k in ("mean", "median", "p90", "p99", "max", "total")}
-    return {"mean": _num(t.mean()), "median": _num(t.median()), "p90": _num(t.quantile(0.9)),
-            "p99": _num(t.quantile(0.99)), "max": int(t.max()), "total": int(t.sum())}
+    return {"mean": rounded(t.mean()), "median": rounded(t.median()), "p90": rounded(t.quantile(0.9)),
+            "p99": rounded(t.quantile(0.99)), "max": int(t.max()), "total": int(t.sum())}
 
 
 def group_stats(df: pd.DataFrame) -> dict[str, Any]:
@@ -144,19 +137,19 @@ def group_stats(df: pd.DataFrame) -> dict[str, Any]:
     ct = df["completion_tokens"].astype(float)
     spec = df["spec_verify_ct"].astype(float)
     has_spec = spec.notna() & (spec > 0)
-    pct = (lambda c: _num(100.0 * c / n)) if n else (lambda c: None)
+    pct = (lambda c: rounded(100.0 * c / n)) if n else (lambda c: None)
     return {
         "rows": n,
         "output_tokens": length_stats(df["completion_tokens"]),
         "finish_reasons": {str(r): {"rows": int(c), "pct": pct(c)} for r, c in counts.items()},
         "truncated": int(cut.sum()), "truncated_pct": pct(cut.sum()),
         "clean_stop_pct": pct((finish == "stop").sum()),
-        "mean_reasoning_tokens": _num(df["reasoning_tokens"].astype(float).mean(), 2),
-        "mean_answer_tokens": _num((ct - df["reasoning_tokens"].astype(float)).mean(), 2),
+        "mean_reasoning_tokens": rounded(df["reasoning_tokens"].astype(float).mean(), 2),
+        "mean_answer_tokens": rounded((ct - df["reasoning_tokens"].astype(float)).mean(), 2),
         "truncated_while_thinking": int((cut & ~done_thinking).sum()),
         "truncated_in_answer": int((cut & done_thinking).sum()),
         "degenerate": int((df["repetition_ratio"].astype(float) > DEGENERATE_REPETITION).sum()),
-        "accept_length": (_num(ct[has_spec].sum() / spec[has_spec].sum())
+        "accept_length": (rounded(ct[has_spec].sum() / spec[has_spec].sum())
                           if has_spec.any() else None),
         "continued_rows": int((df["continuations"].fillna(0) > 0).sum()),
         "continuations": int(df["continuations"].fillna(0).sum()),

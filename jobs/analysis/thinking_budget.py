@@ -14,9 +14,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-
-def _num(x: float) -> Optional[float]:
-    return None if pd.isna(x) else round(float(x), 1)
+from jobs.analysis.numbers import rounded
 
 
 def thinking_budgets(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -36,8 +34,8 @@ def thinking_budgets(df: pd.DataFrame) -> list[dict[str, Any]]:
             "truncated_in_answer": int((cut & done).sum()),
             "thinking_ended_at_budget": (None if value is None
                                          else int((done & (reasoning > value)).sum())),
-            "mean_reasoning_tokens": _num(reasoning.mean()),
-            "mean_output_tokens": _num(rows["completion_tokens"].astype(float).mean()),
+            "mean_reasoning_tokens": rounded(reasoning.mean(), 1),
+            "mean_output_tokens": rounded(rows["completion_tokens"].astype(float).mean(), 1),
         })
     return out
 

@@ -41,17 +41,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.analysis.lognormal import parts_below
+from jobs.analysis.numbers import rounded
+
 # What the yield reads of a row (report: scalar columns) and what the GPU clock reads.
 YIELD_COLUMNS = ["category", "prompt_tokens", "completion_tokens", "latency_s"]
 CLOCK_COLUMNS = ["replica", "created_at", "latency_s", "continuations"]
 PROMPT_POINTS = 256     # what-if: room (N - prompt) points per group of censored rows
-
-
-def _r(x: Any, nd: int = 4) -> Optional[float]:
-    if x is None:
-        return None
-    x = float(x)
-    return round(x, nd) if math.isfinite(x) else None
 
 
 def _hours(seconds: float) -> Optional[float]:
@@ -110,7 +106,7 @@ class GpuClock:
     def to_json(self) -> dict[str, Any]:
         return {"measured_rows": self.rows, "replicas": self.replicas,
                 "busy_replica_hours": _hours(self.busy_s),
-                "mean_requests_in_flight": _r(self.in_flight, 2)}
+                "mean_requests_in_flight": rounded(self.in_flight, 2)}
 
 
 def busy_seconds(replica: np.ndarray, end: np.ndarray, latency: np.ndarray) -> float:
@@ -167,8 +163,8 @@ def group_yield(prompt: np.ndarray, output: np.ndarray, latency: Optional[np.nda
         "rows": int(output.size), "rows_cut": int((cut > 0).sum()),
         "rows_without_trainable": int(((keep == 0) & (output > 0)).sum()),
         "output_tokens": total, "trainable_tokens": kept, "cut_tokens": total - kept,
-        "trainable_pct": _r(100.0 * kept / total, 2) if total else None,
-        "mean_trainable_tokens": _r(kept / output.size, 1) if output.size else None,
+        "trainable_pct": rounded(100.0 * kept / total, 2) if total else None,
+        "mean_trainable_tokens": rounded(kept / output.size, 1) if output.size else None,
         "gpu_hours": None, "cut_gpu_hours": None, "cut_gpu_pct": None}
     if clock is None or latency is None:
         return out
@@ -178,7 +174,7 @@ def group_yield(prompt: np.ndarray, output: np.ndarray, latency: Optional[np.nda
         cut_gpu = np.where(output > 0, gpu * cut / np.maximum(output, 1), 0.0)
     out["gpu_hours"] = _hours(gpu.sum())
     out["cut_gpu_hours"] = _hours(cut_gpu.sum())
-    out["cut_gpu_pct"] = _r(100.0 * cut_gpu.sum() / gpu.sum(), 2) if gpu.sum() > 0 else None
+    out["cut_gpu_pct"] = rounded(100.0 * cut_gpu.sum() / gpu.sum(), 2) if gpu.sum() > 0 else None
     return out
 
 
@@ -282,23 +278,16 @@ def render_lines(section: Optional[dict[str, Any]]) -> list[str]:
 
 # --- the what-if in trainable tokens --------------------------------------------------
 
-def _lognormal_parts(mu, sigma, m):
-    """E[L; L <= m] and P(L <= m) for L ~ lognormal(mu, sigma), m > 0 (broadcast)."""
-    from jobs.analysis.forecast import log_q
-    z = (np.log(m) - mu) / sigma
-    return np.exp(mu + 0.5 * sigma ** 2 + log_q(sigma - z)), 1.0 - np.exp(log_q(z))
-
-
 def tail_trainable(mu, sigma, c0, room, cap):
     """For rows known to run past c0 (cut there), L ~ lognormal(mu, sigma) given L > c0:
     (E[min(L, cap, room)], E[min(L, room); L <= cap]). Broadcast; cap > c0."""
     pos = lambda x: np.maximum(x, 1e-9)  # noqa: E731 - log of 0 tokens
     m = np.minimum(cap, room)
-    below_c0, f_c0 = _lognormal_parts(mu, sigma, pos(c0))
-    below_m, f_m = _lognormal_parts(mu, sigma, pos(m))
-    below_a, _ = _lognormal_parts(mu, sigma, pos(np.minimum(room, cap)))
-    _, f_cap = _lognormal_parts(mu, sigma, np.float64(cap))
-    _, f_hi = _lognormal_parts(mu, sigma, pos(np.maximum(room, c0)))
+    below_c0, f_c0 = parts_below(mu, sigma, pos(c0))
+    below_m, f_m = parts_below(mu, sigma, pos(m))
+    below_a, _ = parts_below(mu, sigma, pos(np.minimum(room, cap)))
+    _, f_cap = parts_below(mu, sigma, np.float64(cap))
+    _, f_hi = parts_below(mu, sigma, pos(np.maximum(room, c0)))
     s0 = 1.0 - f_c0
     with np.errstate(invalid="ignore", divide="ignore"):
         every = np.where(m <= c0, m, (below_m - below_c0 + m * (1.0 - f_m)) / s0)
@@ -370,12 +359,12 @@ def _trainable_entry(every, finished, now, ci) -> dict[str, Any]:
             lo, hi = np.nanpercentile(np.stack([every[1:], finished[1:]]), ci, axis=1)
         else:
             lo = hi = np.full(2, np.nan)
-    return {"mean_trainable_tokens": _r(every[0], 1),
-            "mean_trainable_tokens_lo": _r(lo[0], 1),
-            "mean_trainable_tokens_hi": _r(hi[0], 1),
-            "mean_trainable_tokens_finished": _r(finished[0], 1),
-            "mean_trainable_tokens_finished_lo": _r(lo[1], 1),
-            "mean_trainable_tokens_finished_hi": _r(hi[1], 1),
-            "relative_trainable": _r(every[0] / now[0][0], 4) if now[0][0] else None,
-            "relative_trainable_finished": (_r(finished[0] / now[1][0], 4)
+    return {"mean_trainable_tokens": rounded(every[0], 1),
+            "mean_trainable_tokens_lo": rounded(lo[0], 1),
+            "mean_trainable_tokens_hi": rounded(hi[0], 1),
+            "mean_trainable_tokens_finished": rounded(finished[0], 1),
+            "mean_trainable_tokens_finished_lo": rounded(lo[1], 1),
+            "mean_trainable_tokens_finished_hi": rounded(hi[1], 1),
+            "relative_trainable": rounded(every[0] / now[0][0], 4) if now[0][0] else None,
+            "relative_trainable_finished": (rounded(finished[0] / now[1][0], 4)
                                             if now[1][0] else None)}
