@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from jobs.analysis import export_journal as journal_io
-from jobs.analysis.export import (MANIFEST, ExportError, ExportPass, Filters, ShardWriter,
-                                  output_location, read_columns, with_samples)
+from jobs.analysis.export_shards import (MANIFEST, ExportError, ExportPass, Filters, ShardWriter,
+                                         output_location, read_columns, with_samples)
 from jobs.analysis.finalize import damage_note, pick_latest
 from jobs.analysis.template_check import TemplateCheck
 from jobs.io.run_index import RunIndex

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 import pyarrow as pa
 
 from contract import drain_board
+from jobs.analysis.export_shards import row_flags  # the one rule for stored-null flags
 from jobs.io.condemned import FOLDER, UnknownRecord, read_records, write_record
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
@@ -69,7 +70,6 @@ def condemned_keys(records: list[dict[str, Any]]) -> dict[str, set[str]]:
 
 def _flags(store: RunStore, path: str, rows: list[int], t: pa.Table) -> list[list[str]]:
     """The rows' integrity flags; a part written before the column is checked now."""
-    from jobs.analysis.export import row_flags  # the one rule for stored-null flags
     if t.column("integrity_flags").null_count:
         t = store.read_part(path, ["integrity_flags"] + FLAG_COLUMNS).take(pa.array(rows))
     return row_flags(t)
