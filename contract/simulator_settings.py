@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,6 +38,12 @@ class SimulatorSettings(BaseModel):
     )
     context_length: int = Field(32768, ge=16, description="Context window in tokens (input + output), as SGLang enforces it.")
     max_running_requests: int = Field(48, ge=1, description="Continuous-batching slots; further requests wait in a FIFO queue.")
+    max_total_tokens: Optional[int] = Field(
+        None, ge=16,
+        description="KV pool in tokens (SGLang's --max-total-tokens): running requests hold their prompt and output tokens; "
+        "admission reserves room for budgets as SGLang's scheduler does and decode retracts the newest request when "
+        "the pool is full (scheduler.py). None = no pool: the slots alone bound the batch.",
+    )
     per_request_decode_tok_s: float = Field(
         100.0, gt=0, description="Decode speed of one request running alone, simulated tokens per simulated second."
     )

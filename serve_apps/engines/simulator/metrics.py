@@ -18,8 +18,8 @@ Design decisions:
 - RequestMetrics: SGLang's per-request series raygen's dashboard reads. TTFT is
   exact (end of simulated prefill); inter-token latency is observed once per
   request as its mean decode interval (SGLang observes each interval);
-  cache_hit_rate is cumulative since start; num_retracted_reqs stays 0 because
-  the simulator never runs out of KV cache.
+  cache_hit_rate is cumulative since start; num_retracted_reqs is the count of
+  the scheduler's latest retraction (0 without a KV pool: max_total_tokens).
 """
 
 from __future__ import annotations

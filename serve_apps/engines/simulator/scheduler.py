@@ -18,6 +18,17 @@ Design decisions:
 - A cancelled waiter (client went away) is removed from the batch at once,
   freeing its share of the engine, like SGLang's abort on disconnect.
 - Counters are plain ints/floats read by the /metrics collector at scrape time.
+- KV pool (``max_total_tokens``; None: no pool, slots alone bound the batch): a running
+  request holds its prompt and decoded tokens. As SGLang 0.5.23's scheduler does, a
+  queued request is admitted (FCFS, stopping at the first that does not fit) only while
+  held tokens + new_token_ratio x the budget left of every running request and of it
+  fit the pool; the ratio starts at 0.7 and decays each decode step to 0.098 over 600
+  steps, so admission grows bolder as the batch runs. When decode runs out of room (a
+  step needs a token per decoding request) the request with the fewest decoded tokens
+  (then the longest prompt) is retracted: its tokens leave the pool, it goes back to the
+  front of the queue keeping its output, and re-prefills prompt + output when admitted
+  again; the ratio is reset to the running requests' decoded share (+20 steps each, at
+  most 1). A lone running request is never retracted (SGLang would abort it).
 """
 
 from __future__ import annotations
@@ -26,12 +37,20 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple, Optional
 
 RETIRE_SLACK_WALL_S = 1e-4
 THROUGHPUT_WINDOW_S = 5.0  # wall seconds over which gen_throughput is averaged
 SAMPLE_SPACING_S = 0.01  # at most one throughput sample per 10 ms keeps the deque small
 SPEC_WINDOW_REQUESTS = 512
+# SGLang 0.5.23's admission estimate (schedule_policy / scheduler): the share of a running
+# request's remaining budget it reserves, from INIT down to INIT * MIN_FACTOR over
+# DECAY_STEPS decode steps; RETRACT_STEPS: the steps each survivor is assumed to still need
+# when the ratio is re-estimated after a retraction.
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
 
 
 @dataclass(eq=False, slots=True)
@@ -46,6 +65,15 @@ class _Job:
     reported: int = 0  # decoded tokens already added to the integer counter
     first_token_at: float | None = None  # wall (monotonic) time prefill ended: TTFT for /metrics
     on_prefilled: Callable[[], None] | None = field(default=None, repr=False)
+    max_new: int = 0  # its budget: what admission reserves room for
+    retractions: int = 0
+    retracted_tokens: int = 0  # output decoded before its retractions (kept, re-prefilled)
+    admitted_once: bool = False
+
+    @property
+    def held(self) -> float:
+        """Tokens it holds in the KV pool while running."""
+        return self.prompt_tokens + self.decoded
 
     def prefilled(self, at: float) -> None:
         self.first_token_at = at
@@ -62,9 +90,17 @@ class SchedulerStats:
     requests_total: int
     gen_throughput_tok_s: float  # recent, per wall second
     spec_accept_length: float  # recent completed requests; 0 when none / speculative off
-    token_usage: float  # running tokens / (context_length * max_running_requests)
+    token_usage: float  # running tokens / max_total_tokens (context_length * max_running_requests without a pool)
     capacity_tok_s: float  # max_decode_tok_s per wall second; 0 in zero-latency mode (infinite)
     idle_seconds_total: float  # wall s with nothing running or queued (SGLang's scheduler_idle_seconds)
+    retractions_total: int = 0  # requests retracted since start
+    last_retracted: int = 0  # requests the latest retraction took back (sglang:num_retracted_reqs)
+    max_total_tokens: Optional[int] = None
+
+
+class RunResult(NamedTuple):
+    first_token_at: float  # wall (monotonic) time its prefill ended (the last one, if retracted)
+    retractions: int       # times the pool took it back (meta_info num_retractions)
 
 
 class Scheduler:
@@ -77,8 +113,13 @@ class Scheduler:
         prefill_tok_s: float,
         time_scale: float,
         context_length: int,
+        max_total_tokens: Optional[int] = None,
     ) -> None:
         self.max_running = max_running_requests
+        self.max_total = max_total_tokens
+        self._ratio = INIT_NEW_TOKEN_RATIO
+        self.retractions_total = 0
+        self.last_retracted = 0
         self.per_request_tok_s = per_request_decode_tok_s
         self.max_decode_tok_s = max_decode_tok_s
         self.prefill_tok_s = prefill_tok_s
@@ -102,13 +143,12 @@ class Scheduler:
     # ---- public ---------------------------------------------------------
     async def run(
         self, prompt_tokens: int, compute_tokens: int, completion_tokens: int, *, slow_factor: float = 1.0, verify_steps: int = 0,
-        on_prefilled: Callable[[], None] | None = None,
-    ) -> float:
+        on_prefilled: Callable[[], None] | None = None, max_new_tokens: Optional[int] = None,
+    ) -> RunResult:
         """Wait (in wall time) until the request has been scheduled, prefilled and decoded.
         ``on_prefilled`` runs when its prefill ends (the server caches the prompt then, as
-        SGLang's radix cache does).
-
-        Returns the wall (monotonic) time its first token was ready (end of prefill)."""
+        SGLang's radix cache does); ``max_new_tokens``: its budget (admission reserves
+        for it; default its completion)."""
         loop = asyncio.get_running_loop()
         if self.time_scale == 0:
             if on_prefilled is not None:
@@ -118,9 +158,10 @@ class Scheduler:
             self._gen_cum += completion_tokens
             self._record_sample(time.monotonic())
             self._complete_counts(completion_tokens, verify_steps)
-            return time.monotonic()
+            return RunResult(time.monotonic(), 0)
         job = _Job(prompt_tokens, compute_tokens / self.prefill_tok_s, completion_tokens, slow_factor, verify_steps,
-                   loop.create_future(), on_prefilled=on_prefilled)
+                   loop.create_future(), on_prefilled=on_prefilled,
+                   max_new=max(max_new_tokens or 0, completion_tokens))
         self._advance(time.monotonic())
         self._busy(time.monotonic())
         self._queue.append(job)
@@ -130,12 +171,14 @@ class Scheduler:
         except asyncio.CancelledError:
             self._drop(job)
             raise
-        return job.first_token_at if job.first_token_at is not None else time.monotonic()
+        first = job.first_token_at if job.first_token_at is not None else time.monotonic()
+        return RunResult(first, job.retractions)
 
     def stats(self) -> SchedulerStats:
         now = time.monotonic()
         self._advance(now)
-        running_tokens = sum(j.prompt_tokens + j.decoded for j in self._running)
+        running_tokens = sum(j.held for j in self._running)
+        pool = self.max_total or self.context_length * self.max_running
         spec_tokens = sum(t for t, _ in self._spec_recent)
         spec_steps = sum(v for _, v in self._spec_recent)
         return SchedulerStats(
@@ -146,9 +189,11 @@ class Scheduler:
             requests_total=self.requests_total,
             gen_throughput_tok_s=self._throughput(now),
             spec_accept_length=spec_tokens / spec_steps if spec_steps else 0.0,
-            token_usage=running_tokens / (self.context_length * self.max_running),
+            token_usage=running_tokens / pool,
             capacity_tok_s=self.max_decode_tok_s / self.time_scale if self.time_scale else 0.0,
             idle_seconds_total=self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0),
+            retractions_total=self.retractions_total, last_retracted=self.last_retracted,
+            max_total_tokens=self.max_total,
         )
 
     def _busy(self, now: float) -> None:
@@ -170,6 +215,7 @@ class Scheduler:
                 now = time.monotonic()
                 self._advance(now)
                 self._retire()
+                self._retract()
                 self._admit()
                 delay = self._next_completion_wall_s()
                 if delay is None:
@@ -195,13 +241,20 @@ class Scheduler:
             return
         dt = (now - last) / self.time_scale
         rate = self._rate()
+        if self.max_total is not None:  # one decode step per token a request decodes
+            floor = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
+            step = (INIT_NEW_TOKEN_RATIO - floor) / NEW_TOKEN_RATIO_DECAY_STEPS
+            self._ratio = max(floor, self._ratio - step * rate * dt)
+        # with a pool a prefill's end is an event of its own: one within the retire slack
+        # ends now (float rounding must not leave a remainder too small to wait for)
+        slack = RETIRE_SLACK_WALL_S / self.time_scale if self.max_total is not None else 0.0
         for job in self._running:
             d = dt
             if job.prefill_left_s > 0:
-                if d <= job.prefill_left_s:
+                if d < job.prefill_left_s - slack or (not slack and d <= job.prefill_left_s):
                     job.prefill_left_s -= d
                     continue
-                d -= job.prefill_left_s
+                d = max(d - job.prefill_left_s, 0.0)
                 job.prefilled(last + job.prefill_left_s * self.time_scale)
                 job.prefill_left_s = 0.0
             inc = min(job.total_tokens - job.decoded, rate / job.slow_factor * d)
@@ -226,25 +279,94 @@ class Scheduler:
         for job in done:
             self._gen_cum += job.total_tokens - job.decoded  # the sub-0.1 ms remainder
             self.generation_tokens_total -= job.reported
-            self._complete_counts(job.total_tokens, job.verify_steps)
+            self._complete_counts(job.total_tokens, job.verify_steps,
+                                  spec_tokens=job.total_tokens + job.retracted_tokens)
             if not job.future.done():
                 job.future.set_result(None)
 
     def _admit(self) -> None:
         while self._queue and len(self._running) < self.max_running:
-            job = self._queue.popleft()
+            job = self._queue[0]
             if job.future.done():  # cancelled while queued
+                self._queue.popleft()
                 continue
-            self.prompt_tokens_total += job.prompt_tokens
+            if self._running and not self._fits(job):  # FCFS: the next waits its turn
+                break
+            self._queue.popleft()
+            if not job.admitted_once:
+                self.prompt_tokens_total += job.prompt_tokens
+                job.admitted_once = True
             if job.prefill_left_s <= 0:  # fully cached prompt: decoding starts at admission
                 job.prefilled(time.monotonic())
             self._running.append(job)
+
+    # ---- the KV pool ----------------------------------------------------
+    def _fits(self, job: _Job) -> bool:
+        """Room for its tokens and, at the current ratio, for every running request's
+        budget left and its own."""
+        if self.max_total is None:
+            return True
+        reserve = sum(max(j.max_new - j.decoded, 0.0) for j in self._running)
+        need = job.held + self._ratio * (max(job.max_new - job.decoded, 0.0) + reserve)
+        return sum(j.held for j in self._running) + need <= self.max_total
+
+    def _decoding(self) -> list[_Job]:
+        return [j for j in self._running if j.prefill_left_s <= 0]
+
+    def _retract(self) -> None:
+        """Take back requests until the next decode step fits the pool."""
+        if self.max_total is None:
+            return
+        taken = 0
+        while len(self._running) > 1 and (sum(j.held for j in self._running)
+                                          + len(self._decoding()) > self.max_total):
+            victim = min(self._running, key=lambda j: (j.decoded, -j.prompt_tokens))
+            self._running.remove(victim)
+            victim.retractions += 1
+            # its output is kept; prompt + output are prefilled again when it returns
+            victim.prefill_left_s = (victim.prompt_tokens + int(victim.decoded)) / self.prefill_tok_s
+            kept = min(int(victim.decoded), victim.reported)  # counted tokens move over
+            victim.prompt_tokens += kept
+            victim.max_new -= kept
+            victim.total_tokens -= kept
+            victim.retracted_tokens += kept
+            victim.decoded -= kept
+            victim.reported -= kept
+            self._queue.appendleft(victim)
+            taken += 1
+        if taken:
+            self.retractions_total += taken
+            self.last_retracted = taken
+            left = sum(j.max_new for j in self._running)
+            done = sum(j.decoded for j in self._running)
+            self._ratio = min(1.0, (done + RETRACT_DECODE_STEPS * len(self._running)) / left) \
+                if left else self._ratio
+
+    def _pool_full_wall_s(self) -> float | None:
+        """Wall seconds until the next decode step no longer fits (None: no pool)."""
+        if self.max_total is None or len(self._running) < 2:
+            return None
+        decoding = self._decoding()
+        rate = self._rate()
+        growth = sum(rate / j.slow_factor for j in decoding)
+        if growth <= 0:
+            return None
+        room = self.max_total - sum(j.held for j in self._running) - len(decoding)
+        # just past the room: the step after it no longer fits (at 0 the loop would spin)
+        return (max(room, 0.0) + 1e-3) / growth * self.time_scale
 
     def _next_completion_wall_s(self) -> float | None:
         if not self._running:
             return None
         rate = self._rate()
-        return max(min(self._remaining_wall_s(j, rate) for j in self._running), 0.0)
+        events = [self._remaining_wall_s(j, rate) for j in self._running]
+        if self.max_total is not None:  # a prefill's end starts its growth; the pool's end
+            events += [j.prefill_left_s * self.time_scale for j in self._running
+                       if j.prefill_left_s > 0]
+            full = self._pool_full_wall_s()
+            if full is not None:
+                events.append(full)
+        return max(min(events), 0.0)
 
     def _drop(self, job: _Job) -> None:
         """Remove a cancelled request; its decoded tokens stay counted (they were generated)."""
@@ -257,11 +379,13 @@ class Scheduler:
                 self._wake.set()  # the others speed up now
 
     # ---- counters -------------------------------------------------------
-    def _complete_counts(self, completion_tokens: int, verify_steps: int) -> None:
+    def _complete_counts(self, completion_tokens: int, verify_steps: int,
+                         spec_tokens: Optional[int] = None) -> None:
+        """``completion_tokens`` not yet counted; ``spec_tokens``: its whole output."""
         self.generation_tokens_total += completion_tokens
         self.requests_total += 1
         if verify_steps:
-            self._spec_recent.append((completion_tokens, verify_steps))
+            self._spec_recent.append((spec_tokens or completion_tokens, verify_steps))
 
     def _record_sample(self, now: float) -> None:
         if self._samples and now - self._samples[-1][0] < SAMPLE_SPACING_S and len(self._samples) > 1:

@@ -78,10 +78,12 @@ class Simulator:
             prefill_tok_s=settings.prefill_tok_s,
             time_scale=settings.time_scale,
             context_length=settings.context_length,
+            max_total_tokens=settings.max_total_tokens,
         )
         self.cache = PrefixCache(settings.context_length * settings.max_running_requests)
         self.registry = build_registry(settings.model_name, self.scheduler.stats)
         self.request_metrics = RequestMetrics(settings.model_name, self.registry)
+        self.request_metrics.retracted.set_function(lambda: self.scheduler.last_retracted)
         self.rng = random.Random(settings.seed)
         self.received_for_crash = 0
         self.started_at = time.monotonic()
@@ -134,13 +136,14 @@ class Simulator:
         # requests prefilled together share nothing (seen on the real engine).
         cached = self.cache.match(req.input_ids)
         spec = model.spec_fields(n_out, gen.plan.accept_length, self.settings.speculative_num_draft_tokens)
-        first_token_at = await self.scheduler.run(
+        first_token_at, retractions = await self.scheduler.run(
             n_in,
             n_in - cached,
             n_out,
             slow_factor=self.settings.slow_factor if slow else 1.0,
             verify_steps=int(spec.get("spec_verify_ct", 0)),
             on_prefilled=lambda: self.cache.insert(req.input_ids),
+            max_new_tokens=max_new,
         )
         done = time.monotonic()
         self.request_metrics.observe(arrival, first_token_at, done, n_in, cached, n_out)
@@ -153,7 +156,7 @@ class Simulator:
             "finish_reason": gen.finish_reason,
             "prompt_tokens": n_in,
             "weight_version": "default",
-            "num_retractions": 0,
+            "num_retractions": retractions,
             # The scheduler's own timings (no storage tier: no waits).
             "storage_prefetch_wait": 0.0,
             "storage_staging_wait": 0.0,
@@ -201,6 +204,7 @@ class Simulator:
                 "served_model_name": s.model_name,
                 "context_length": s.context_length,
                 "max_running_requests": s.max_running_requests,
+                "max_total_tokens": s.max_total_tokens,
                 # SGLang's resolved server args (engine_resolution.py compares them)
                 **{f"speculative_{k}": getattr(s, f"speculative_{k}") if s.speculative else None
                    for k in ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens")},

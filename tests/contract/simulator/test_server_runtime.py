@@ -161,3 +161,36 @@ def test_sigterm_with_requests_in_flight_exits_0_promptly(sim_factory):
     thread.join(timeout=10)
     # promptly: the 10 s request was cut off, not answered
     assert errors and not (isinstance(errors[0], tuple) and errors[0][0] == 200)
+
+
+def test_a_kv_pool_that_binds_retracts_and_says_so_as_sglang_does(sim_factory):
+    """max_total_tokens small enough that six 300-token budgets cannot all run: the
+    scheduler admits at its reserve ratio, decode retracts, every request still finishes
+    with its whole output; meta_info num_retractions, sglang:num_retracted_reqs,
+    token_usage of the pool and /server_info max_total_tokens say what happened."""
+    sim = sim_factory(max_running_requests=8, max_total_tokens=1200, time_scale=0.01,
+                      accept_length=0)
+    results: list = [None] * 6
+    usage: list = []
+
+    def fire(i: int) -> None:
+        results[i] = sim.call("/generate", {"text": f"job {i} " * 20, "sampling_params": {
+            "max_new_tokens": 300, "ignore_eos": True}})
+
+    threads = [threading.Thread(target=fire, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        usage.append(sim.metrics()["sglang:token_usage"])
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert all(status == 200 for status, _ in results)
+    assert all(body["meta_info"]["completion_tokens"] == 300 for _, body in results)
+    retractions = sum(body["meta_info"]["num_retractions"] for _, body in results)
+    assert retractions >= 1
+    final = sim.metrics()
+    assert final["sglang:num_retracted_reqs"] >= 1
+    assert final["sglang:generation_tokens_total"] == 6 * 300
+    assert 0.5 < max(usage) <= 1.0
+    assert sim.call("/server_info")[1]["max_total_tokens"] == 1200

@@ -196,3 +196,83 @@ def test_idle_seconds_count_only_time_without_work(clock):
     assert before == pytest.approx(1.0)
     assert after_run == pytest.approx(1.0, abs=EXACT)
     assert later == pytest.approx(1.5, abs=EXACT)
+
+
+# ---- the KV pool ----------------------------------------------------------------------
+
+def test_without_a_pool_nothing_changes_and_nothing_is_retracted(clock):
+    async def go(**kw):
+        s = make(time_scale=0.01, **kw)
+        times = await asyncio.gather(*(timed(s, 100, 100, 1000 + 100 * i) for i in range(6)))
+        return times, s.stats()
+
+    plain, st = run_virtual(go, clock)
+    ample, st_ample = run_virtual(lambda: go(max_total_tokens=1_000_000), clock)
+    assert ample == pytest.approx(plain, abs=EXACT)
+    assert st.retractions_total == st_ample.retractions_total == 0
+
+
+def test_a_full_pool_retracts_the_request_with_the_fewest_tokens_and_every_token_counts(clock):
+    """Admission at the ratio (0.7, decaying) lets in more than the pool holds at the end;
+    decode then retracts, the retracted request re-prefills prompt + output and finishes,
+    and the token counters equal the outputs exactly."""
+    outputs = [1500, 1500, 1500, 1500]
+
+    async def go():
+        s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
+        results = await asyncio.gather(*(s.run(100, 100, n, max_new_tokens=2000) for n in outputs))
+        return results, s.stats()
+
+    results, st = run_virtual(go, clock)
+    assert st.retractions_total >= 1 and st.last_retracted >= 1
+    assert sum(r.retractions for r in results) == st.retractions_total
+    assert st.generation_tokens_total == sum(outputs)
+    assert st.requests_total == 4 and st.running == st.queued == 0
+    assert st.prompt_tokens_total == 400  # a re-prefill is not a new prompt
+    assert st.max_total_tokens == 3000
+
+
+def test_the_pool_is_never_over_full_and_token_usage_is_of_the_pool(clock):
+    seen = []
+
+    async def go():
+        s = make(time_scale=0.01, max_total_tokens=2000, prefill_tok_s=1e6)
+        tasks = [asyncio.create_task(s.run(200, 200, 900, max_new_tokens=1000)) for _ in range(5)]
+        while not all(t.done() for t in tasks):
+            st = s.stats()
+            seen.append((st.token_usage, st.running))
+            await asyncio.sleep(0.005)
+        return s.stats()
+
+    st = run_virtual(go, clock)
+    assert max(u for u, _ in seen) <= 1.0 + 1e-9  # held tokens never past the pool
+    assert max(u for u, _ in seen) > 0.5 and st.retractions_total >= 1
+    assert st.generation_tokens_total == 5 * 900
+
+
+def test_a_lone_request_larger_than_the_pool_runs_without_retraction(clock):
+    async def go():
+        s = make(time_scale=0.01, max_total_tokens=500)
+        result = await s.run(100, 100, 2000)
+        return result, s.stats()
+
+    result, st = run_virtual(go, clock)
+    assert result.retractions == 0 and st.retractions_total == 0
+    assert st.generation_tokens_total == 2000
+
+
+def test_admission_reserves_budgets_so_a_large_budget_queues_behind_a_running_one(clock):
+    """With 0.7 of both budgets reserved, the second request waits although its prompt
+    fits: SGLang's scheduler admits by the room budgets may need, not by prompts."""
+    async def go():
+        s = make(time_scale=0.01, max_total_tokens=2000, prefill_tok_s=1e6)
+        first = asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1500))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(s.run(100, 100, 10, max_new_tokens=1500))
+        await asyncio.sleep(0.001)
+        st = s.stats()
+        await asyncio.gather(first, second)
+        return st
+
+    st = run_virtual(go, clock)
+    assert (st.running, st.queued) == (1, 1)
