@@ -168,12 +168,17 @@ def test_a_kv_pool_that_binds_retracts_and_says_so_as_sglang_does(sim_factory):
     scheduler admits at its reserve ratio, decode retracts, every request still finishes
     with its whole output; meta_info num_retractions, sglang:num_retracted_reqs,
     token_usage of the pool and /server_info max_total_tokens say what happened."""
-    sim = sim_factory(max_running_requests=8, max_total_tokens=1200, time_scale=0.01,
+    # 0.5 wall s per simulated s: a request decodes for 1.5 s and the pool binds ~1.2 s
+    # after four are in, so requests a loaded machine sends a few hundred ms apart still
+    # overlap (at 0.01 they finished before the next arrived and nothing was retracted)
+    sim = sim_factory(max_running_requests=8, max_total_tokens=1200, time_scale=0.5,
                       accept_length=0)
     results: list = [None] * 6
     usage: list = []
+    start = threading.Barrier(6)
 
     def fire(i: int) -> None:
+        start.wait()
         results[i] = sim.call("/generate", {"text": f"job {i} " * 20, "sampling_params": {
             "max_new_tokens": 300, "ignore_eos": True}})
 

@@ -44,8 +44,10 @@ def test_engine_sigkilled_mid_run_is_replaced_and_nothing_is_lost(real_config, s
     # ignore_eos: every row runs to its budget, so the run lasts long enough to be hit.
     tree = real_config(rows, job={"max_new_tokens": BUDGET, "rows_per_file": 16,
                                   "sampling": {"temperature": 0.0, "ignore_eos": True},
-                                  "retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
-                                              "backoff_max_s": 3}})
+                                  # ~50 s of retries: under load Serve kept routing to
+                                  # the dead replica past 8 tries in ~15 s (a row failed)
+                                  "retries": {"max_attempts": 14, "backoff_initial_s": 0.5,
+                                              "backoff_max_s": 4}})
     handle = serve.get_app_handle(sglang_cpu.APP)
     before = {handle.info.remote().result()["replica"] for _ in range(8)}
     store = store_of(tree)
