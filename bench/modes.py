@@ -34,6 +34,7 @@ class ModeResult:
     rows: int = 0
     errors: int = 0
     output_tokens: int = 0
+    spec_verify_steps: int = 0  # raygen: the rows' spec_verify_ct summed
     started_at: float = 0.0
     ended_at: float = 0.0
     done_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -124,10 +125,12 @@ def run_raygen(ctx: Context, warm: bool = True) -> ModeResult:
             os.environ["RAYGEN_WARM_START"] = before
     res.idle_gpu_s = summary.progress.get("engine_idle_gpu_s")
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
-    data = store.read_kind("data", ["created_at", "latency_s", "completion_tokens"])
+    data = store.read_kind("data", ["created_at", "latency_s", "completion_tokens",
+                                    "spec_verify_ct"])
     res.rows = data.num_rows
     res.errors = summary.progress["failed"] + summary.progress["rejected"]
     res.output_tokens = int(np.asarray(data.column("completion_tokens")).sum())
+    res.spec_verify_steps = int(data.column("spec_verify_ct").fill_null(0).to_numpy().sum())
     created = data.column("created_at").cast("int64").to_numpy()  # ms since epoch, UTC
     res.done_at = created.astype(np.float64) / 1000.0
     res.latency_s = np.asarray(data.column("latency_s"), dtype=np.float64)

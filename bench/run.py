@@ -28,7 +28,7 @@ logger = logging.getLogger("bench")
 MODES = ("raygen", "plain", "raydata_llm")
 EXTRA_MODES = ("raygen_cold",)  # only when asked for: raygen with RAYGEN_WARM_START=0
 DATA_MODES = ("raygen", "raygen_cold", "raydata_llm")  # the modes that run a Ray Data job
-ENGINES = ("simulator", "sglang-cpu")
+ENGINES = ("simulator", "sglang-cpu", "sglang-cpu-spec")
 
 
 @dataclass
@@ -45,7 +45,8 @@ class Options:
     actors: int = 2                  # raygen generate actors / ray.data.llm actors
     max_running: int = 48
     max_new_tokens: Optional[int] = None  # default: 4096 on the simulator, 256 on sglang-cpu
-    engine: str = "simulator"        # or sglang-cpu: SGLang's real engine on this CPU
+    engine: str = "simulator"        # or sglang-cpu: SGLang's real engine on this CPU;
+    #                                  sglang-cpu-spec: the same, speculative (STANDALONE)
     app_name: str = "raygen-bench"
     seed: int = 0
     keep_outputs: bool = False
@@ -62,7 +63,7 @@ class Options:
     def budget(self) -> int:
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        return 256 if self.engine == "sglang-cpu" else 4096
+        return {"sglang-cpu": 256, "sglang-cpu-spec": 64}.get(self.engine, 4096)
 
 
 @dataclass
@@ -84,6 +85,19 @@ def engine_section(opt: Options) -> dict[str, Any]:
                 "context_length": 4096, "max_total_tokens": 65536,
                 "max_running_requests": opt.max_running, "start_timeout_s": 600,
                 "request_timeout_s": 3600}
+    if opt.engine == "sglang-cpu-spec":
+        # The scripted model drafted by the draft model (serve_apps/engines/sglang_cpu/
+        # models.py): every row is the same 38 greedy tokens; the draft is wrong while
+        # thinking and right after, so the accept length is SGLang's to count.
+        from serve_apps.engines.sglang_cpu import models
+        return {"kind": "sglang", "device": "cpu", "model_path": str(models.ensure("scripted")),
+                "served_model_name": "raygen-tiny-scripted", "chat_template": "builtin",
+                "context_length": 4096, "max_total_tokens": 65536,
+                "max_running_requests": opt.max_running, "start_timeout_s": 600,
+                "request_timeout_s": 3600,
+                "speculative": {"algorithm": "STANDALONE", "num_steps": 1, "eagle_topk": 1,
+                                "num_draft_tokens": 2,
+                                "draft_model_path": str(models.ensure("draft"))}}
     return {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
             "max_running_requests": opt.max_running, "start_timeout_s": 120,
             "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
@@ -103,6 +117,8 @@ def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
            "metrics_linger_s": 0}  # no Prometheus here: do not time a deliberate idle wait
     if opt.engine == "sglang-cpu":  # the sampled model's lengths are made for plain sampling
         job["sampling"] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    if opt.engine == "sglang-cpu-spec":
+        job["sampling"] = {"temperature": 0.0}
     from jobs.config import rows_per_replica
     tree = {
         "engine": engine_section(opt),
@@ -238,6 +254,7 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
             logger.warning("bench: mode %s done in %.1f s", mode, res.ended_at - res.started_at)
             results.append(res)
             time.sleep(1.0)  # let the engines' last scrape and the pools settle
+        accept_line = _accept_line(opt, results, urls)
     finally:
         try:
             serve.delete(opt.app_name)
@@ -257,8 +274,10 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
                    f"{opt.scale}, NEXTN accept 3.0)")
     else:
         full_batch = float(opt.max_running)
-        engines = (f"{opt.replicas} real SGLang 0.5.23 engines on this CPU (the sampled test "
-                   f"model, max_running_requests {opt.max_running}; they share the cores "
+        model = ("the scripted test model drafted by the draft model, STANDALONE 1 step"
+                 if opt.engine == "sglang-cpu-spec" else "the sampled test model")
+        engines = (f"{opt.replicas} real SGLang 0.5.23 engines on this CPU ({model}, "
+                   f"max_running_requests {opt.max_running}; they share the cores "
                    f"with raygen, so each mode's CPU share is reported)")
     figs = [figures(r, capacity, plain_tok_s, full_batch) for r in results]
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv or []))
@@ -281,11 +300,25 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         f"Machine: {machine_line}.",
         "",
         f"raygen code: commit {version}.",
-    ]
+    ] + (["", accept_line] if accept_line else [])
     text = markdown(figs, header)
     if opt.out:
         Path(opt.out).write_text(text)
     return BenchResult(opt, figs, text, urls, capacity)
+
+
+def _accept_line(opt: Options, results: list, urls: list[str]) -> Optional[str]:
+    """Speculative engines: raygen's accept length beside the engines' own (bench/speculation.py)."""
+    raygen = next((r for r in results if r.mode == "raygen"), None)
+    if opt.engine != "sglang-cpu-spec" or raygen is None:
+        return None
+    import ray
+
+    from bench import speculation
+    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+    return speculation.summary_line(raygen.output_tokens, raygen.spec_verify_steps,
+                                    [speculation.engine_average(u) for u in urls],
+                                    speculation.log_lines(opt.app_name, session))
 
 
 def parse_args(argv: Optional[list[str]]) -> Options:
@@ -304,9 +337,12 @@ def parse_args(argv: Optional[list[str]]) -> Options:
     p.add_argument("--max-running", type=int, default=48,
                    help="engine.max_running_requests of each engine (default 48)")
     p.add_argument("--max-new-tokens", type=int,
-                   help="budget per row (default 4096; 256 with --engine sglang-cpu)")
+                   help="budget per row (default 4096; 256 with --engine sglang-cpu, "
+                   "64 with sglang-cpu-spec)")
     p.add_argument("--engine", choices=ENGINES, default="simulator",
-                   help="sglang-cpu: SGLang's real engine on this CPU, the sampled test model")
+                   help="sglang-cpu: SGLang's real engine on this CPU, the sampled test model; "
+                   "sglang-cpu-spec: the scripted model with speculative decoding (STANDALONE, "
+                   "the draft model), printing raygen's accept length beside the engines'")
     p.add_argument("--keep-outputs", action="store_true")
     p.add_argument("--data-coordinator", choices=("fresh", "kept"), default="fresh",
                    help="Ray Data's autoscaling coordinator before each Ray Data mode: fresh "

@@ -7,8 +7,8 @@ line; the script exits 1 when there is any. The checks:
 
 - ``rows``: every prompt came back as a data row with a finish reason; no failure rows.
 - ``accept_length``: with speculative decoding on, tokens per verify step (the rows'
-  spec_verify_ct) present and above 1: a drafter that accepts nothing costs its draft
-  passes and gains no token.
+  spec_verify_ct; prefilled tokens left out, as SGLang's scheduler counts) present and
+  above 1: a drafter that accepts nothing costs its draft passes and gains no token.
 - ``flagged``: no row carries an integrity flag (contract/integrity.py): loops, no think
   end, empty outputs on the engine the user is about to trust.
 - ``capacity``: the engine's effective running-request cap (its scheduler's, from
@@ -65,13 +65,20 @@ def counter_total(metrics_text: str, name: str) -> Optional[float]:
 
 
 def accept_length(data: pd.DataFrame) -> Optional[float]:
-    """Output tokens per verify step over the rows that report steps; None: none do."""
+    """Tokens per verify step as SGLang's scheduler counts them (its log's "accept len",
+    sglang:spec_accept_length): over the verify steps' tokens only. The first token of a
+    request, and of each continuation, comes from its prefill: counted in (as the rows'
+    accept_length is, like SGLang's meta_info), a draft that never agrees still shows
+    n / (n - 1) > 1 and would pass (seen on SGLang's CPU engine). None: no row reports
+    verify steps."""
     if "spec_verify_ct" not in data or data.empty:
         return None
     verify = data.spec_verify_ct.fillna(0)
     if not (verify > 0).any():
         return None
-    return float(data.completion_tokens[verify > 0].sum() / verify[verify > 0].sum())
+    prefilled = 1 + (data.continuations.fillna(0) if "continuations" in data else 0)
+    spec = verify > 0
+    return float((data.completion_tokens - prefilled)[spec].sum() / verify[spec].sum())
 
 
 def failed(phase: Phase) -> list[str]:

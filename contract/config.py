@@ -354,6 +354,17 @@ class SGLangEngineConfig(_EngineBase):
         if self.device == "cpu" and self.max_total_tokens is None:
             raise ValueError("device cpu needs max_total_tokens (the KV pool in tokens, "
                              "e.g. 65536 for the test models)")
+        # What raygen's CPU shims run (serve_apps/engines/sglang_cpu/shims/
+        # cpu_speculation.py): a STANDALONE draft chain of one step; SGLang has no
+        # torch_native multi-step draft backend, and the verify path takes chains only.
+        spec = self.speculative
+        if self.device == "cpu" and spec is not None and (
+                spec.algorithm != "STANDALONE" or spec.num_steps != 1 or spec.eagle_topk != 1):
+            raise ValueError(
+                f"device cpu runs speculative decoding as speculative.algorithm STANDALONE, "
+                f"num_steps 1, eagle_topk 1 only (got {spec.algorithm}, num_steps "
+                f"{spec.num_steps}, eagle_topk {spec.eagle_topk}): the CPU engine has no "
+                f"multi-step draft backend and verifies draft chains only")
         return self
 
     @model_validator(mode="after")

@@ -83,6 +83,21 @@ def sglang_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, model_pat
     return tree
 
 
+def sglang_spec_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, model_path: str,
+                       draft_path: str, **sections: Any) -> dict:
+    """``sglang_config`` on the speculative pool: its own app of one replica, whose engine
+    drafts with the ``draft`` model (tests/support/sglang_cpu.py spec_engine_section)."""
+    from tests.support import sglang_cpu
+    engine = sglang_cpu.spec_engine_section(model_path, draft_path, **sections.pop("engine", {}))
+    sections["serve"] = _merge({"app_name": sglang_cpu.SPEC_APP,
+                                "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
+                               sections.get("serve", {}))
+    tree = sglang_config(tmp_path, s3_endpoint, rows_file=rows_file, model_path=model_path,
+                         **sections)
+    tree["engine"] = engine
+    return tree
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():

@@ -5,7 +5,7 @@ what only SGLang decides: the engine section they run, and what the scripted mod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from serve_apps.chat_format import render_prompt
 from serve_apps.engines.sglang_cpu import models
@@ -13,6 +13,10 @@ from serve_apps.engines.simulator import tokenizer as tk
 
 CONTEXT = 256              # small, so every context boundary is cheap to reach
 APP = "raygen-sglang"      # the Serve app of the shared pool (tests/integration/sglang/)
+SPEC_APP = "raygen-sglang-spec"  # its one speculative engine (the same folder)
+# What SGLang's CPU engine runs with raygen's shims: a STANDALONE chain of one draft token
+# (topk 1: SGLang resolves num_draft_tokens to steps + 1 = 2).
+SPECULATIVE = {"algorithm": "STANDALONE", "num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 2}
 SERVED_NAME = "tiny-scripted"
 
 # A chat prompt ends in "<think>\n": the scripted model thinks a..z, closes, answers A..J.
@@ -34,6 +38,31 @@ def engine_section(model_path: str, **overrides: Any) -> dict[str, Any]:
             "max_total_tokens": 16384, "max_running_requests": 16,
             "start_timeout_s": 300, "request_timeout_s": 120,
             "extra_args": {"enable-strict-thinking": True}, **overrides}
+
+
+def spec_engine_section(model_path: str, draft_path: str, **overrides: Any) -> dict[str, Any]:
+    """The speculative engine: the pool's section with the ``draft`` model drafting for
+    the scripted one (it guesses every thinking token wrong and the answer right), and
+    metrics on (sglang:spec_accept_length is relayed)."""
+    return engine_section(model_path, speculative={**SPECULATIVE, "draft_model_path": draft_path},
+                          enable_metrics=True, **overrides)
+
+
+WORD = tk.WORD_BASE + 5  # the scripted model continues words forever: outputs reach the budget
+
+
+def engine_answer(url: str, n_input: int, budget: int) -> tuple[int, Optional[int]]:
+    """(status, the length SGLang enforced) for a raw request of ``n_input`` word tokens
+    (the scripted model continues them to the budget)."""
+    from tests.support.simulator import http
+    status, body = http(url, "/generate", {
+        "input_ids": [WORD] * n_input, "rid": f"edge-{n_input}-{budget}",
+        "sampling_params": {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}})
+    if status != 200:
+        return status, None
+    finish = body["meta_info"]["finish_reason"]
+    assert finish["type"] == "length", body["meta_info"]
+    return status, finish["length"]
 
 
 def chat_ids(question: str) -> list[int]:

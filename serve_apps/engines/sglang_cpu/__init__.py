@@ -5,9 +5,11 @@ attention, no CUDA graphs, ``SGLANG_USE_CPU_ENGINE=1``) once two gaps are bridge
 in ``shims/`` (README.md here has the details):
 
 - ``shims/sitecustomize.py``: defines torchvision's two op schemas before torchvision
-  loads (PyPI's torchvision is a CUDA build);
-- ``shims/sgl_kernel/``: a stand-in for SGLang's CPU kernel package (no wheel exists);
-  any op it lacks raises, naming it.
+  loads (PyPI's torchvision is a CUDA build), gives strict thinking its CPU mask, and
+  lets speculative decoding of a topk-1 chain run on torch_native attention
+  (``shims/cpu_speculation.py``);
+- ``shims/sgl_kernel/``: a stand-in for SGLang's CPU kernel package (no wheel exists):
+  the ops speculation calls in plain torch; any other op raises, naming it.
 
 They reach the engine process and its children only, through PYTHONPATH
 (``engine_env``); no other raygen process imports them, and the GPU image leaves the
@@ -28,10 +30,10 @@ _hooked: list[bool] = []
 
 
 def install_torchvision_hook() -> None:
-    """Run shims/sitecustomize.py in this process, once: for code that imports
+    """Run shims/torchvision_ops.py in this process, once: for code that imports
     transformers on CPU outside an engine (the model builder, SGLang's parser tests)."""
     if not _hooked:
-        runpy.run_path(str(SHIMS / "sitecustomize.py"))
+        runpy.run_path(str(SHIMS / "torchvision_ops.py"))
         _hooked.append(True)
 
 

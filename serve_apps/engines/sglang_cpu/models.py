@@ -22,6 +22,11 @@ chosen, so that the next token depends on the last token alone:
   EOS: a sum of three geometric lengths (mean ~180, median ~160), ~19% of them longer
   than 256 tokens, most of them cut while thinking. ``raygen_model.json`` in
   the folder holds the chain and the exact length distribution it implies.
+- ``draft`` (the speculative pool's STANDALONE draft for ``scripted``): the same map,
+  except that it guesses wrong for every token of the thinking (``\\n``, ``<think>``,
+  ``a`` ... ``z``: each to a byte the target never emits); from ``</think>`` on it agrees.
+  The target verifies every draft token, so its outputs are scripted's; the accept
+  length is SGLang's to count: 1 token a step while thinking, more after.
 
 ``ensure(kind)`` builds a model once into ``$RAYGEN_MODEL_CACHE/<kind>`` (default
 ``<repo>/.local/models``) and rebuilds it when this file or the tokenizer layout
@@ -44,7 +49,7 @@ from typing import Any
 
 from serve_apps.engines.simulator import tokenizer as tk
 
-KINDS = ("scripted", "sampled")
+KINDS = ("scripted", "sampled", "draft")
 REPO = Path(__file__).resolve().parents[3]
 MANIFEST = "raygen_model.json"
 
@@ -125,16 +130,27 @@ def successor_map() -> dict[int, int]:
     return succ
 
 
-def _scripted_weights(torch: Any) -> tuple[Any, Any, dict[str, Any]]:
+def draft_successor_map() -> dict[int, int]:
+    """``draft``'s map: scripted's, with a wrong guess for each thinking token (its next
+    token a distinct high byte: 0x80 + i, which no scripted chain contains)."""
+    succ = successor_map()
+    thinking = [byte_id("\n"), tk.THINK_START_ID] + [byte_id(c) for c in "abcdefghijklmnopqrstuvwxyz"]
+    succ.update({source: tk.BYTE_BASE + 0x80 + i for i, source in enumerate(thinking)})
+    return succ
+
+
+def _scripted_weights(torch: Any, succ: dict[int, int] | None = None
+                      ) -> tuple[Any, Any, dict[str, Any]]:
+    succ = successor_map() if succ is None else succ
     gen = torch.Generator().manual_seed(0)
     emb = torch.randn(VOCAB, HIDDEN, generator=gen)
     emb = emb / emb.pow(2).mean(-1, keepdim=True).sqrt()  # unit RMS: |e|^2 = HIDDEN
     head = torch.zeros(VOCAB, HIDDEN)
     # logit(target | last) = e_last . e_pred(target) ~ 64 against N(0, 8) for the rest.
     # Unmapped ids are left out: a shared "default" row would sum hundreds of embeddings.
-    for source, target in successor_map().items():
+    for source, target in succ.items():
         head[target] += emb[source]
-    return emb, head, {"successor_map": {str(k): v for k, v in successor_map().items()}}
+    return emb, head, {"successor_map": {str(k): v for k, v in succ.items()}}
 
 
 # --- sampled: a Markov chain of phases --------------------------------------------------
@@ -233,7 +249,11 @@ def build(kind: str, out: Path) -> Path:
     out.mkdir(parents=True)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(**ARCH))
-    emb, head, card = (_scripted_weights if kind == "scripted" else _sampled_weights)(torch)
+    if kind == "sampled":
+        emb, head, card = _sampled_weights(torch)
+    else:
+        emb, head, card = _scripted_weights(
+            torch, draft_successor_map() if kind == "draft" else successor_map())
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(emb)
         model.lm_head.weight.copy_(head)

@@ -175,13 +175,14 @@ def test_shipped_configs_pass_prepare_server_args(sglang, sglang_parser, monkeyp
     assert _check_parsed(sglang_parser, cfg, sglang_parser.parse_args(_argv(cfg))) == []
 
 
-@pytest.mark.parametrize("algorithm", [None, "NEXTN"])
+@pytest.mark.parametrize("algorithm", [None, "STANDALONE"])
 def test_cpu_launch_command_parses_with_sglangs_parser(sglang, sglang_parser, algorithm):
     """device cpu: SGLang's own parser reads the CPU flags raygen adds (and the record
-    launch_server builds from them), with and without a speculative section."""
+    launch_server builds from them), with and without the speculation a CPU engine runs."""
+    spec = algorithm and SpeculativeConfig(algorithm=algorithm, num_steps=1, eagle_topk=1,
+                                           draft_model_path="/models/draft")
     cfg = SGLangEngineConfig(kind="sglang", model_path="/models/tiny", device="cpu",
-                             max_total_tokens=65536, context_length=4096,
-                             speculative=algorithm and SpeculativeConfig(algorithm=algorithm))
+                             max_total_tokens=65536, context_length=4096, speculative=spec)
     ns = sglang_parser.parse_args(_argv(cfg))
     assert _check_parsed(sglang_parser, cfg, ns) == []
     sglang.server_args.ServerArgs.from_cli_args(ns)

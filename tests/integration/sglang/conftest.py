@@ -1,6 +1,8 @@
 """One pool of real SGLang engines for this folder: two Serve replicas, each
 supervising ``python -m sglang.launch_server`` on the scripted model, on SGLang's CPU
-engine (``engine.device: cpu``). The folder is one xdist scope
+engine (``engine.device: cpu``); and ``spec_pool``, one more engine of the same model with
+speculative decoding on (STANDALONE, drafted by the ``draft`` model), for the tests of
+what SGLang's speculation decides. The folder is one xdist scope
 (tests/support/xdist_scopes.py), so the pool starts once per `make test` (~25 s, ~2 GB
 an engine) and stops after the folder's last test; every test here attaches to it through
 the same engine section (tests/support/sglang_cpu.py, helpers.sglang_config). A test that kills an engine
@@ -16,7 +18,8 @@ from typing import Iterator
 import pytest
 
 from serve_apps.engines.sglang_cpu import models
-from tests.integration.helpers import deploy, engine_urls, sglang_config, write_prompts
+from tests.integration.helpers import (deploy, engine_urls, sglang_config, sglang_spec_config,
+                                      write_prompts)
 from tests.support import sglang_cpu
 
 REPLICAS = 2
@@ -56,6 +59,49 @@ def sglang_pool(ray_cluster, s3_endpoint, scripted_model, tmp_path_factory) -> I
         serve.delete(sglang_cpu.APP, _blocking=False)
     except Exception:  # noqa: BLE001 - a cleanup, never a test failure
         pass
+
+
+@dataclass(frozen=True)
+class SpecPool:
+    model: str  # the scripted model's folder (the target)
+    draft: str  # the draft model's folder
+
+    @property
+    def url(self) -> str:
+        return engine_urls(sglang_cpu.SPEC_APP, 1, timeout_s=120)[0]
+
+
+@pytest.fixture(scope="session")
+def draft_model() -> str:
+    return str(models.ensure("draft"))
+
+
+# One engine with speculative decoding (STANDALONE, the draft model): started by the
+# folder's first speculative test, stopped with the folder like the pool.
+@pytest.fixture(scope="package")
+def spec_pool(ray_cluster, s3_endpoint, scripted_model, draft_model,
+              tmp_path_factory) -> Iterator[SpecPool]:
+    from ray import serve
+    tmp = tmp_path_factory.mktemp("sglang-spec-pool")
+    deploy(sglang_spec_config(tmp, s3_endpoint, rows_file=str(write_prompts(tmp / "p.jsonl", 1)),
+                              model_path=scripted_model, draft_path=draft_model))
+    pool = SpecPool(model=scripted_model, draft=draft_model)
+    assert pool.url
+    yield pool
+    try:
+        serve.delete(sglang_cpu.SPEC_APP, _blocking=False)
+    except Exception:  # noqa: BLE001 - a cleanup, never a test failure
+        pass
+
+
+@pytest.fixture
+def spec_config(spec_pool, s3_endpoint, tmp_path):
+    """``spec_config(rows_file, **sections)``: a run config tree on the speculative pool."""
+    def make(rows_file: Path | str, **sections):
+        return sglang_spec_config(tmp_path, s3_endpoint, rows_file=str(rows_file),
+                                  model_path=spec_pool.model, draft_path=spec_pool.draft,
+                                  **sections)
+    return make
 
 
 @pytest.fixture

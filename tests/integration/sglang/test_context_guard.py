@@ -19,29 +19,14 @@ import pytest
 from contract import context_budget
 from contract.protocol import GenerateRequest
 from serve_apps.engine_client import EngineClient
-from serve_apps.engines.simulator import tokenizer as tk
 from serve_apps.generation import Generator
 from tests.integration.helpers import run
 from tests.support import sglang_cpu
-from tests.support.simulator import http
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 C = sglang_cpu.CONTEXT
-WORD = tk.WORD_BASE + 5  # the scripted model continues words forever: outputs reach the budget
-
-
-def engine_answer(url: str, n_input: int, budget: int) -> tuple[int, int | None]:
-    """(status, the length SGLang enforced) for a raw request with ``n_input`` tokens."""
-    status, body = http(url, "/generate", {
-        "input_ids": [WORD] * n_input, "rid": f"edge-{n_input}-{budget}",
-        "sampling_params": {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}})
-    if status != 200:
-        return status, None
-    finish = body["meta_info"]["finish_reason"]
-    assert finish["type"] == "length", body["meta_info"]
-    return status, finish["length"]
-
+engine_answer = sglang_cpu.engine_answer
 
 # Prompt lengths across SGLang's limits: 249 is the longest it accepts (context - 7),
 # 250..255 fail its scheduler's check, 256+ its tokenizer manager's.
@@ -80,7 +65,7 @@ def test_the_row_guard_agrees_with_the_engine(sglang_pool, n_input, budget, poli
         client = EngineClient(url, request_timeout_s=60)
         gen = Generator(client, C, "</think>", "test", engine_alive=lambda: True)
         try:
-            ids = [WORD] * n_input
+            ids = [sglang_cpu.WORD] * n_input
             return await gen.generate(GenerateRequest(
                 key=f"g-{n_input}-{budget}-{policy}", run="t", category="c",
                 max_new_tokens=budget, context_policy=policy,

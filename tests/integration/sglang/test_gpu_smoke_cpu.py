@@ -6,9 +6,8 @@ pool's) needs no GPU, and with the pool's app name and engine it attaches to the
 smoke must exit 1 naming that check and no other: what SGLang's engine did decides
 (its 400s, where its stop string ends a row). Not shown on the engine yet, each
 unit-tested on SGLang's field and metric names (tests/unit/cluster/test_smoke_checks.py):
-accept length (the CPU engine runs no speculation yet), capacity and retractions (they
-need an engine with a pool too small for its rows: an engine start of its own, left for
-the round that adds the speculative CPU pool).
+capacity and retractions (they need an engine with a pool too small for its rows: an
+engine start of its own). Accept length is shown on the speculative pool (``spec_pool``).
 """
 
 from __future__ import annotations
@@ -50,3 +49,14 @@ def test_the_sound_config_passes(real_config, tmp_path, capsys):
 ])
 def test_each_bad_config_fails_its_check(real_config, tmp_path, capsys, name, job, check):
     assert _smoke(real_config, tmp_path, capsys, name, **job) == (1, [check])
+
+
+def test_speculation_passes_when_drafts_are_accepted_and_fails_when_none_are(
+        spec_config, tmp_path, capsys):
+    """The speculative pool's draft agrees only after ``</think>``: whole rows accept some
+    drafts; rows cut at 16 tokens, while thinking, accept none. SGLang's own per-request
+    accept length for those is still 16 / 15 (the prefill's token counted): the check
+    counts verify steps' tokens only, as SGLang's scheduler does, and fails them."""
+    assert _smoke(spec_config, tmp_path, capsys, "spec-sound") == (0, [])
+    assert _smoke(spec_config, tmp_path, capsys, "spec-thinking-only",
+                  max_new_tokens=16) == (1, ["accept_length"])

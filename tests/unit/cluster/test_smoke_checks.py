@@ -58,11 +58,14 @@ def test_rows_missing_failed_or_without_a_finish_reason_fail_the_rows_check():
 
 
 def test_speculation_that_accepts_nothing_or_reports_nothing_fails():
-    (line,) = failed(_phase(data=_data(spec_verify_ct=[300] * 4)))  # 1 token a step
+    # 300 tokens: the prefill's first, then one a step for 299 steps (no draft agreed)
+    (line,) = failed(_phase(data=_data(spec_verify_ct=[299] * 4)))
     assert line.startswith("accept_length: speculative decoding (NEXTN) is on and the rows' "
                            "accept length is 1.0")
     assert _names(failed(_phase(data=_data(spec_verify_ct=[None] * 4)))) == ["accept_length"]
-    assert accept_length(_data()) == 3.0
+    assert accept_length(_data()) == 2.99
+    # a continued row prefilled twice: 300 tokens, two of them from prefills
+    assert accept_length(_data(continuations=[1] * 4, spec_verify_ct=[298] * 4)) == 1.0
 
 
 def test_flagged_rows_fail_and_name_their_flags():

@@ -60,6 +60,19 @@ def test_a_cpu_engine_needs_its_kv_pool_size():
         SGLangEngineConfig(**{**CPU, "max_total_tokens": None})
 
 
+@pytest.mark.parametrize("spec, named", [
+    ({"algorithm": "EAGLE", "num_steps": 1, "eagle_topk": 1, "draft_model_path": "/d"}, "EAGLE"),
+    ({"algorithm": "STANDALONE", "num_steps": 3, "draft_model_path": "/d"}, "num_steps 3"),
+    ({"algorithm": "STANDALONE", "num_steps": 1, "eagle_topk": 2, "num_draft_tokens": 4,
+      "draft_model_path": "/d"}, "eagle_topk 2"),
+])
+def test_a_cpu_engine_refuses_speculation_its_shims_cannot_run(spec, named):
+    with pytest.raises(ValidationError, match=f"device cpu runs speculative decoding as .*{named}"):
+        SGLangEngineConfig(**{**CPU, "speculative": spec})
+    SGLangEngineConfig(**{**CPU, "speculative": {"algorithm": "STANDALONE", "num_steps": 1,
+                                                 "eagle_topk": 1, "draft_model_path": "/d"}})
+
+
 def test_the_stand_in_kernel_names_the_op_it_lacks(monkeypatch):
     monkeypatch.syspath_prepend(str(sglang_cpu.SHIMS))
     kernel = importlib.import_module("sgl_kernel")

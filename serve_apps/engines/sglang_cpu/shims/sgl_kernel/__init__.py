@@ -3,12 +3,24 @@
 SGLang 0.5.23's CPU path imports ops from ``sgl_kernel`` (its CPU build, compiled from
 sgl-kernel/csrc/cpu for AVX-512/AMX; no PyPI wheel has it: sglang-kernel 0.4.10 holds
 CUDA ops only). Serving a dense model with torch_native attention calls none of them:
-layers take their ``forward_native`` paths. So every name imports, and calling one
-raises NotImplementedError naming the op: a path that needs a real kernel fails loudly
-at its first call, never silently.
+layers take their ``forward_native`` paths. Speculative decoding (a topk-1 draft chain)
+calls a few, written in plain torch in ``speculative.py``. Every other name imports,
+and calling one raises NotImplementedError naming the op: a path that needs a real
+kernel fails loudly at its first call, never silently.
 """
 
 __version__ = "0.0.0+raygen-cpu-stand-in"
+
+
+from .speculative import (  # the ops SGLang imports by name
+    assign_draft_cache_locs_contiguous_cpu, assign_extend_cache_locs_cpu,
+    assign_req_to_token_pool_cpu, build_tree_kernel_efficient_cpu, copy_all_layer_kv_cache_cpu,
+    fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu, verify_tree_greedy_cpu)
+
+__all__ = ["assign_draft_cache_locs_contiguous_cpu", "assign_extend_cache_locs_cpu",
+           "assign_req_to_token_pool_cpu", "build_tree_kernel_efficient_cpu",
+           "copy_all_layer_kv_cache_cpu", "fill_accept_out_cache_loc_cpu",
+           "fill_bonus_tokens_cpu", "verify_tree_greedy_cpu"]
 
 
 class MissingKernel(NotImplementedError):
