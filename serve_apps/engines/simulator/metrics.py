@@ -19,7 +19,8 @@ Design decisions:
   exact (end of simulated prefill); inter-token latency is observed once per
   request as its mean decode interval (SGLang observes each interval);
   cache_hit_rate is cumulative since start; num_retracted_reqs is the count of
-  the scheduler's latest retraction (0 without a KV pool: max_total_tokens).
+  the scheduler's latest retraction, num_retracted_requests_total all of them since start
+  (both 0 without a KV pool: max_total_tokens).
 """
 
 from __future__ import annotations
@@ -46,9 +47,14 @@ COUNTERS = (
     ("sglang:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_total"),
     ("sglang:num_requests", "Number of requests processed.", "requests_total"),
 )
-# SGLang 0.5.23 labels this scheduler counter as its gauges (model_name, engine_type, ranks).
-IDLE = ("sglang:scheduler_idle_seconds", "Total wall time while the scheduler has no runnable or queued work.",
-        "idle_seconds_total")
+# SGLang 0.5.23 labels these scheduler counters as its gauges (model_name, engine_type, ranks).
+SCHEDULER_COUNTERS = (
+    ("sglang:scheduler_idle_seconds", "Total wall time while the scheduler has no runnable or queued work.",
+     "idle_seconds_total"),
+    ("sglang:num_retracted_requests", "Total number of retracted requests.", "retractions_total"),
+)
+# Counters SGLang's engine writes only from their first increment (seen on the real engine).
+LAZY = frozenset({"retractions_total"})
 
 
 # Label values of a single-GPU engine (no tensor/pipeline/expert parallelism), not streamed.
@@ -72,7 +78,8 @@ class SimulatorCollector(Collector):
             yield GaugeMetricFamily(name, doc, labels=list(self._gauge_labels))
         for name, doc, _ in COUNTERS:
             yield CounterMetricFamily(name, doc, labels=list(self._counter_labels))
-        yield CounterMetricFamily(IDLE[0], IDLE[1], labels=list(self._gauge_labels))
+        for name, doc, _ in SCHEDULER_COUNTERS:
+            yield CounterMetricFamily(name, doc, labels=list(self._gauge_labels))
 
     def collect(self) -> Iterable[Metric]:
         s = self._stats()
@@ -84,9 +91,12 @@ class SimulatorCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=list(self._counter_labels))
             c.add_metric(list(self._counter_labels.values()), float(getattr(s, attr)))
             yield c
-        idle = CounterMetricFamily(IDLE[0], IDLE[1], labels=list(self._gauge_labels))
-        idle.add_metric(list(self._gauge_labels.values()), float(s.idle_seconds_total))
-        yield idle
+        for name, doc, attr in SCHEDULER_COUNTERS:
+            if attr in LAZY and not getattr(s, attr):
+                continue
+            c = CounterMetricFamily(name, doc, labels=list(self._gauge_labels))
+            c.add_metric(list(self._gauge_labels.values()), float(getattr(s, attr)))
+            yield c
 
 
 def build_registry(model_name: str, stats: Callable[[], SchedulerStats]) -> CollectorRegistry:

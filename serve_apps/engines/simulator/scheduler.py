@@ -22,7 +22,8 @@ Design decisions:
   request holds its prompt and decoded tokens. As SGLang 0.5.23's scheduler does, a
   queued request is admitted (FCFS, stopping at the first that does not fit) only while
   held tokens + new_token_ratio x the budget left of every running request and of it
-  fit the pool; the ratio starts at 0.7 and decays each decode step to 0.098 over 600
+  fit the pool (the whole budget left of an ignore_eos request: SGLang reserves it in
+  full, so a batch of them alone never retracts); the ratio starts at 0.7 and decays each decode step to 0.098 over 600
   steps, so admission grows bolder as the batch runs. When decode runs out of room (a
   step needs a token per decoding request) the request with the fewest decoded tokens
   (then the longest prompt) is retracted: its tokens leave the pool, it goes back to the
@@ -69,6 +70,7 @@ class _Job:
     retractions: int = 0
     retracted_tokens: int = 0  # output decoded before its retractions (kept, re-prefilled)
     admitted_once: bool = False
+    fixed_length: bool = False  # ignore_eos: it decodes its whole budget, reserved in full
 
     @property
     def held(self) -> float:
@@ -144,6 +146,7 @@ class Scheduler:
     async def run(
         self, prompt_tokens: int, compute_tokens: int, completion_tokens: int, *, slow_factor: float = 1.0, verify_steps: int = 0,
         on_prefilled: Callable[[], None] | None = None, max_new_tokens: Optional[int] = None,
+        ignore_eos: bool = False,
     ) -> RunResult:
         """Wait (in wall time) until the request has been scheduled, prefilled and decoded.
         ``on_prefilled`` runs when its prefill ends (the server caches the prompt then, as
@@ -161,7 +164,7 @@ class Scheduler:
             return RunResult(time.monotonic(), 0)
         job = _Job(prompt_tokens, compute_tokens / self.prefill_tok_s, completion_tokens, slow_factor, verify_steps,
                    loop.create_future(), on_prefilled=on_prefilled,
-                   max_new=max(max_new_tokens or 0, completion_tokens))
+                   max_new=max(max_new_tokens or 0, completion_tokens), fixed_length=ignore_eos)
         self._advance(time.monotonic())
         self._busy(time.monotonic())
         self._queue.append(job)
@@ -306,9 +309,14 @@ class Scheduler:
         budget left and its own."""
         if self.max_total is None:
             return True
-        reserve = sum(max(j.max_new - j.decoded, 0.0) for j in self._running)
-        need = job.held + self._ratio * (max(job.max_new - job.decoded, 0.0) + reserve)
+        need = job.held + sum(self._reserved(j) for j in (*self._running, job))
         return sum(j.held for j in self._running) + need <= self.max_total
+
+    def _reserved(self, job: _Job) -> float:
+        """The room admission keeps for a request's budget left: the ratio's share of it,
+        or all of it for a fixed-length (ignore_eos) request, as SGLang's PrefillAdder
+        does ("fixed-length requests cannot benefit from the early-EOS estimate")."""
+        return (1.0 if job.fixed_length else self._ratio) * max(job.max_new - job.decoded, 0.0)
 
     def _decoding(self) -> list[_Job]:
         return [j for j in self._running if j.prefill_left_s <= 0]

@@ -144,6 +144,7 @@ class Simulator:
             verify_steps=int(spec.get("spec_verify_ct", 0)),
             on_prefilled=lambda: self.cache.insert(req.input_ids),
             max_new_tokens=max_new,
+            ignore_eos=req.ignore_eos,
         )
         done = time.monotonic()
         self.request_metrics.observe(arrival, first_token_at, done, n_in, cached, n_out)

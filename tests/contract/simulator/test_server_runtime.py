@@ -171,8 +171,10 @@ def test_a_kv_pool_that_binds_retracts_and_says_so_as_sglang_does(sim_factory):
     # 0.5 wall s per simulated s: a request decodes for 1.5 s and the pool binds ~1.2 s
     # after four are in, so requests a loaded machine sends a few hundred ms apart still
     # overlap (at 0.01 they finished before the next arrived and nothing was retracted)
+    # Budget-bound without ignore_eos (which SGLang reserves in full, never retracting):
+    # the length model's outputs all run past 300 tokens.
     sim = sim_factory(max_running_requests=8, max_total_tokens=1200, time_scale=0.5,
-                      accept_length=0)
+                      accept_length=0, length_median_tokens=5000.0, length_sigma=0.1)
     results: list = [None] * 6
     usage: list = []
     start = threading.Barrier(6)
@@ -180,7 +182,7 @@ def test_a_kv_pool_that_binds_retracts_and_says_so_as_sglang_does(sim_factory):
     def fire(i: int) -> None:
         start.wait()
         results[i] = sim.call("/generate", {"text": f"job {i} " * 20, "sampling_params": {
-            "max_new_tokens": 300, "ignore_eos": True}})
+            "max_new_tokens": 300}})
 
     threads = [threading.Thread(target=fire, args=(i,)) for i in range(6)]
     for t in threads:
@@ -196,6 +198,7 @@ def test_a_kv_pool_that_binds_retracts_and_says_so_as_sglang_does(sim_factory):
     assert retractions >= 1
     final = sim.metrics()
     assert final["sglang:num_retracted_reqs"] >= 1
+    assert final["sglang:num_retracted_requests_total"] == retractions
     assert final["sglang:generation_tokens_total"] == 6 * 300
     assert 0.5 < max(usage) <= 1.0
     assert sim.call("/server_info")[1]["max_total_tokens"] == 1200

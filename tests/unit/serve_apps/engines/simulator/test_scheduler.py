@@ -276,3 +276,21 @@ def test_admission_reserves_budgets_so_a_large_budget_queues_behind_a_running_on
 
     st = run_virtual(go, clock)
     assert (st.running, st.queued) == (1, 1)
+
+
+def test_ignore_eos_requests_reserve_their_whole_budget_and_never_retract(clock):
+    """The pool that retracts four budget-bound requests at the ratio (the test above)
+    holds the same four as ignore_eos requests without a retraction: SGLang reserves a
+    fixed-length request's whole budget (found by the differential against its engine:
+    16 ignore_eos requests at a 1,024-token pool, 0 retractions there, 3 here before)."""
+    outputs = [1500, 1500, 1500, 1500]
+
+    async def go(ignore_eos):
+        s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
+        await asyncio.gather(*(s.run(100, 100, n, max_new_tokens=2000, ignore_eos=ignore_eos)
+                               for n in outputs))
+        return s.stats()
+
+    fixed = run_virtual(lambda: go(True), clock)
+    assert fixed.retractions_total == 0 and fixed.generation_tokens_total == sum(outputs)
+    assert run_virtual(lambda: go(False), clock).retractions_total >= 1

@@ -1,0 +1,115 @@
+"""Differential: the simulator's KV pool against SGLang's real scheduler, same requests.
+
+One more real engine of the scripted model, started bare (raygen's supervisor, no Serve)
+with a KV pool of 1,024 tokens, and a simulator with the same pool, context and running
+cap. Sixteen requests of 20 prompt tokens and a 230-token budget cannot all run in
+1,024 tokens. Budget-bound requests (the scripted model continues a word forever) are
+admitted at SGLang's decaying new-token ratio, so decode outgrows the pool and both
+schedulers retract some and still finish every token; ignore_eos requests are reserved
+in full and neither retracts. Counts are compared in order of magnitude, not exactly:
+the two schedulers' steps do not line up (serve_apps/engines/simulator/README.md).
+Written first against the simulator as it was, this found it retracting ignore_eos
+requests that SGLang never retracts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from contract.config import SGLangEngineConfig
+from contract.simulator_settings import SimulatorSettings
+from serve_apps.engine_process import start_engine
+from serve_apps.engines import launch_command, launch_env
+from tests.support import sglang_cpu
+from tests.support.simulator import SimProcess, http
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+POOL, REQUESTS, PROMPT, BUDGET = 1024, 16, 20, 230
+
+
+@pytest.fixture(scope="module")
+def real(scripted_model) -> Iterator[str]:
+    section = sglang_cpu.engine_section(scripted_model, max_total_tokens=POOL)
+    cfg = SGLangEngineConfig(**{k: v for k, v in section.items()
+                                if k not in ("start_timeout_s", "request_timeout_s")})
+    engine = start_engine(lambda port: launch_command(cfg, "127.0.0.1", port), "127.0.0.1",
+                          300, name="engine-kv-pool", env=launch_env(cfg))
+    try:
+        yield engine.base_url
+    finally:
+        engine.stop(grace_s=2)  # its outputs are read; SIGTERM's drain would take ~6 s
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    proc = SimProcess(SimulatorSettings(
+        context_length=sglang_cpu.CONTEXT, max_running_requests=16, max_total_tokens=POOL,
+        time_scale=0.05, accept_length=0.0, length_median_tokens=5000.0, length_sigma=0.1))
+    try:
+        proc.wait_listening()
+        yield proc.base
+    finally:
+        proc.stop()
+
+
+def _retracted_total(url: str) -> float:
+    _, text = http(url, "/metrics")
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "sglang:num_retracted_requests_total")
+
+
+def _burst(url: str, ignore_eos: bool) -> tuple[list[dict], float, float]:
+    """All requests at once: (their meta_info, the peak token usage seen, the engine's
+    retraction counter's increase)."""
+    before = _retracted_total(url)
+    metas: list = [None] * REQUESTS
+    start = threading.Barrier(REQUESTS)
+
+    def send(i: int) -> None:
+        start.wait()
+        status, body = http(url, "/generate", {
+            "input_ids": [sglang_cpu.WORD + i] * PROMPT, "sampling_params": {
+                "max_new_tokens": BUDGET, "temperature": 0, "ignore_eos": ignore_eos}},
+            timeout=300)
+        assert status == 200, body
+        metas[i] = body["meta_info"]
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(REQUESTS)]
+    for t in threads:
+        t.start()
+    usage = 0.0
+    while any(t.is_alive() for t in threads):
+        _, text = http(url, "/metrics")
+        usage = max([usage] + [s.value for f in text_string_to_metric_families(text)
+                               for s in f.samples if s.name == "sglang:token_usage"])
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert all(m["completion_tokens"] == BUDGET for m in metas), metas
+    return metas, usage, _retracted_total(url) - before
+
+
+def test_budget_bound_requests_retract_on_both_and_of_the_same_order(real, sim):
+    counts = {}
+    for name, url in (("real", real), ("sim", sim)):
+        metas, usage, counter = _burst(url, ignore_eos=False)
+        retracted = sum(m["num_retractions"] for m in metas)
+        assert retracted >= 1, (name, usage)
+        assert counter == retracted, name   # the engine's counter: every retraction
+        assert 0.8 < usage <= 1.0, (name, usage)  # the pool filled, never past full
+        counts[name] = retracted
+    print(f"retractions: {counts}")
+    assert counts["sim"] <= 4 * counts["real"] and counts["real"] <= 4 * counts["sim"], counts
+
+
+def test_ignore_eos_requests_are_reserved_in_full_and_never_retract(real, sim):
+    for name, url in (("real", real), ("sim", sim)):
+        metas, usage, counter = _burst(url, ignore_eos=True)
+        assert sum(m["num_retractions"] for m in metas) == counter == 0, (name, metas)
+        assert usage <= 1.0, name
