@@ -27,7 +27,8 @@ def test_the_module_budgets_fit_their_tier_and_the_tiers_fit_15_minutes():
     # two xdist workers: contract + integration take about half their sum in wall time
     parallel = (TIER_BUDGET_S["contract"] + TIER_BUDGET_S["integration"]
                 + TIER_BUDGET_S["real engine"]) / 2
-    assert TIER_BUDGET_S["unit"] / 2 + parallel + 120 <= 15 * 60  # + set-up
+    # + set-up and the unit tier beside it: 68 s in 95492e1's idle fresh clone (836 s in all)
+    assert TIER_BUDGET_S["unit"] / 2 + parallel + 70 <= 15 * 60
 
 
 def test_tiers_by_path():

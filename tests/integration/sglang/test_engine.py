@@ -102,7 +102,8 @@ def test_the_replicas_start_check_reads_what_the_real_engine_resolved(sglang_poo
         assert line.startswith(f"engine.context_length: the job plans prompts and budgets "
                                f"for {sglang_cpu.CONTEXT * 2} tokens, the engine resolved "
                                f"{sglang_cpu.CONTEXT}")
-        speculative = parse_engine_config({**section, "speculative": {"algorithm": "NEXTN"}})
+        speculative = parse_engine_config({**section, "speculative": {
+            **sglang_cpu.SPECULATIVE, "draft_model_path": sglang_pool.model}})
         assert mismatches(speculative, server) == [
-            "engine.speculative: the job plans EAGLE (as SGLang resolves the config), the "
-            "engine runs None"]
+            "engine.speculative: the job plans STANDALONE (as SGLang resolves the config), "
+            "the engine runs None"]

@@ -4,10 +4,9 @@ The smoke runs the engine section of the config it is given; a ``device: cpu`` o
 pool's) needs no GPU, and with the pool's app name and engine it attaches to the pool
 (no engine start). Each config below is the sound one with one thing wrong, and the
 smoke must exit 1 naming that check and no other: what SGLang's engine did decides
-(its 400s, where its stop string ends a row). Not shown on the engine yet, each
-unit-tested on SGLang's field and metric names (tests/unit/cluster/test_smoke_checks.py):
-capacity and retractions (they need an engine with a pool too small for its rows: an
-engine start of its own). Accept length is shown on the speculative pool (``spec_pool``).
+(its 400s, where its stop string ends a row, when its scheduler retracts). Accept
+length is shown on the speculative pool (``spec_pool``); capacity and retractions on an
+engine of their own whose KV pool is too small for the rows it is given.
 """
 
 from __future__ import annotations
@@ -15,7 +14,8 @@ from __future__ import annotations
 import pytest
 
 from cluster import gpu_smoke
-from tests.integration.helpers import write_prompts, write_yaml
+from serve_apps.engines.sglang_cpu import models
+from tests.integration.helpers import deploy, sglang_config, write_prompts, write_yaml
 
 pytestmark = [pytest.mark.integration]
 
@@ -26,7 +26,11 @@ SOUND_JOB = {"inflight_rows_per_actor": 32,  # 16 per engine: the pool's running
 
 def _smoke(real_config, tmp_path, capsys, name: str, **job) -> tuple[int, list[str]]:
     prompts = write_prompts(tmp_path / f"{name}.jsonl", ROWS)
-    tree = real_config(prompts, job={**SOUND_JOB, **job})
+    return _run(real_config(prompts, job={**SOUND_JOB, **job}), prompts, tmp_path, capsys, name)
+
+
+def _run(tree: dict, prompts, tmp_path, capsys, name: str) -> tuple[int, list[str]]:
+    """The smoke on config ``tree``: (its exit code, the checks it names as failed)."""
     config = write_yaml(tmp_path / f"{name}.yaml", tree)
     code = gpu_smoke.main(["--config", str(config), "--prompts", str(prompts),
                            "--output", str(tmp_path / "out")])
@@ -60,3 +64,42 @@ def test_speculation_passes_when_drafts_are_accepted_and_fails_when_none_are(
     assert _smoke(spec_config, tmp_path, capsys, "spec-sound") == (0, [])
     assert _smoke(spec_config, tmp_path, capsys, "spec-thinking-only",
                   max_new_tokens=16) == (1, ["accept_length"])
+
+
+SMALL_POOL_APP = "raygen-sglang-small-pool"
+
+
+def _small_pool_tree(tmp_path, s3_endpoint, prompts, budget: int) -> dict:
+    """The sampled model (story-like lengths, median ~160 tokens) on an engine of 1,024 KV
+    tokens that admits as if outputs were short (``schedule-conservativeness`` 0.05:
+    SGLang's new-token ratio starts at 0.035 instead of 0.7), 16 rows in flight."""
+    return sglang_config(
+        tmp_path, s3_endpoint, rows_file=str(prompts), model_path=str(models.ensure("sampled")),
+        engine={"max_total_tokens": 1024, "enable_metrics": True,
+                "extra_args": {"enable-strict-thinking": True, "schedule-conservativeness": 0.05}},
+        serve={"app_name": SMALL_POOL_APP, "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
+        job={"max_new_tokens": budget, "inflight_rows_per_actor": 16,
+             "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1}})
+
+
+@pytest.mark.slow
+def test_a_kv_pool_too_small_for_the_rows_fails_capacity_then_retracts(
+        ray_cluster, s3_endpoint, tmp_path, capsys):
+    """One engine (deployed here, both smokes attach), two budgets. At 20 tokens the plan
+    (16 rows x (69 prompt + 20)) does not fit 1,024 tokens: capacity fails, from
+    /server_info, though the 8 prompts sent fit and SGLang retracts none. At 180 tokens
+    the 16 rows sent outgrow the pool in decode and SGLang's scheduler retracts (its own
+    counter, from the engine's /metrics): retractions fail too. Retractions cannot fail
+    alone: a plan that fits the pool never outgrows it. In this order: the counter is the
+    engine's lifetime total."""
+    from ray import serve
+    short = write_prompts(tmp_path / "short.jsonl", 8)
+    deploy(_small_pool_tree(tmp_path, s3_endpoint, short, 20))
+    try:
+        assert _run(_small_pool_tree(tmp_path, s3_endpoint, short, 20), short, tmp_path,
+                    capsys, "small-pool-20") == (1, ["capacity"])
+        full = write_prompts(tmp_path / "full.jsonl", 16)
+        assert _run(_small_pool_tree(tmp_path, s3_endpoint, full, 180), full, tmp_path,
+                    capsys, "small-pool-180") == (1, ["capacity", "retractions"])
+    finally:
+        serve.delete(SMALL_POOL_APP, _blocking=False)
