@@ -45,4 +45,9 @@ def engine_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
             f"the GPU image leaves them out on purpose). Run CPU engines from a source "
             f"checkout (`make setup`), or set engine.device: cuda on a GPU node.")
     path = [str(SHIMS)] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join(path)}
+    # One OpenMP thread: without AMX SGLang's CPU engine binds no threads, and torch's
+    # default pool (one per core) spins on every op; beside the job's other processes on a
+    # small machine that made a KV-pool trial's requests 15x slower (5.4 s -> 81 s, the
+    # real-engine tier's ledger), while a tiny model gains nothing from a second thread.
+    return {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join(path),
+            "OMP_NUM_THREADS": "1"}

@@ -88,8 +88,8 @@ def test_a_kv_pool_too_small_for_the_rows_fails_capacity_then_retracts(
     """One engine (deployed here, both smokes attach), two budgets. At 20 tokens the plan
     (16 rows x (69 prompt + 20)) does not fit 1,024 tokens: capacity fails, from
     /server_info, though the 8 prompts sent fit and SGLang retracts none. At 180 tokens
-    the 16 rows sent outgrow the pool in decode and SGLang's scheduler retracts (its own
-    counter, from the engine's /metrics): retractions fail too. Retractions cannot fail
+    the 32 rows sent (16 in flight) outgrow the pool in decode and SGLang's scheduler
+    retracts (its own counter, from the engine's /metrics): retractions fail too. Retractions cannot fail
     alone: a plan that fits the pool never outgrows it. In this order: the counter is the
     engine's lifetime total."""
     from ray import serve
@@ -98,7 +98,9 @@ def test_a_kv_pool_too_small_for_the_rows_fails_capacity_then_retracts(
     try:
         assert _run(_small_pool_tree(tmp_path, s3_endpoint, short, 20), short, tmp_path,
                     capsys, "small-pool-20") == (1, ["capacity"])
-        full = write_prompts(tmp_path / "full.jsonl", 16)
+        # Twice the rows in flight: the queue refills every finished slot, so the pool
+        # stays oversubscribed however the sampled lengths fall (16 once passed short)
+        full = write_prompts(tmp_path / "full.jsonl", 32)
         assert _run(_small_pool_tree(tmp_path, s3_endpoint, full, 180), full, tmp_path,
                     capsys, "small-pool-180") == (1, ["capacity", "retractions"])
     finally:

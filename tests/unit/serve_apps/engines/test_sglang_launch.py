@@ -37,7 +37,8 @@ def test_a_cpu_engine_gets_the_shims_first_and_keeps_the_replicas_path(monkeypat
     env = launch_env(cfg)
     assert env == {"SGLANG_USE_CPU_ENGINE": "1",
                    "PYTHONPATH": os.pathsep.join([str(sglang_cpu.SHIMS), "/job/working_dir",
-                                                  "/extra"])}
+                                                  "/extra"]),
+                   "OMP_NUM_THREADS": "1"}  # whatever the replica's: spinning threads
     assert (sglang_cpu.SHIMS / "sitecustomize.py").is_file()
     assert (sglang_cpu.SHIMS / "sgl_kernel" / "__init__.py").is_file()
     argv = launch_command(cfg, "127.0.0.1", 31000)
