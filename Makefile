@@ -82,11 +82,13 @@ test: $(VENV)/.base prometheus
 	  $(PY) -m pytest tests/unit -q -n auto -m "not sglang_set" $(PYTEST_FLAGS); unit=$$?; \
 	  wait $$install; installed=$$?; cat $(VENV)/install.log; \
 	  [ $$unit = 0 ] && [ $$installed = 0 ] || { echo "make test: unit tier exit $$unit, SGLang install exit $$installed" >&2; exit 1; }
-	@# the sglang_set unit tests (~7 s, one process) run beside contract and integration
-	@RAYGEN_TEST_TIMES= $(PY) -m pytest tests/unit -q -m sglang_set $(PYTEST_FLAGS) > $(VENV)/sglang_set.log 2>&1 & unit=$$!; \
-	  $(PY) -m pytest tests/contract tests/integration -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_FLAGS); rest=$$?; \
-	  wait $$unit; sgl=$$?; echo "--- unit tests of the SGLang set:"; cat $(VENV)/sglang_set.log; \
-	  [ $$rest = 0 ] && [ $$sgl = 0 ] || { echo "make test: contract + integration exit $$rest, sglang_set unit tests exit $$sgl" >&2; exit 1; }
+	@# beside contract and integration, in one process: the sglang_set unit tests (~7 s) and
+	@# the tests marked pypi (pip's resolver against PyPI, ~60 s of which ~20 CPU-s: it
+	@# waits on the network, so it would hold an xdist worker while using a third of a core)
+	@RAYGEN_TEST_TIMES= $(PY) -m pytest tests/unit tests/contract/cluster -q -m "sglang_set or pypi" $(PYTEST_FLAGS) > $(VENV)/beside.log 2>&1 & beside=$$!; \
+	  $(PY) -m pytest tests/contract tests/integration -q -n $(TEST_WORKERS) --dist loadscope -m "not pypi" $(PYTEST_FLAGS); rest=$$?; \
+	  wait $$beside; besides=$$?; echo "--- sglang_set unit tests and pypi tests (beside):"; cat $(VENV)/beside.log; \
+	  [ $$rest = 0 ] && [ $$besides = 0 ] || { echo "make test: contract + integration exit $$rest, sglang_set + pypi tests exit $$besides" >&2; exit 1; }
 
 # The unit tier alone: no services, no SGLang engine, no promtool; seconds (its
 # sglang_set tests use the SGLang set's tokenizer libraries: installed by setup).

@@ -87,6 +87,7 @@ def test_an_index_that_does_not_answer_is_a_reason_to_skip(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.pypi
 def test_pips_resolver_picks_exactly_the_lock():
     unreachable = image_lock.index_reachable(timeout=5)
     if unreachable:
