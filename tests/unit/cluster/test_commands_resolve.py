@@ -1,8 +1,8 @@
 """Every command the cluster files and the runbooks give a user resolves against the code.
 
-Read from the files themselves, not restated: the shell code blocks of the README,
-cluster/README.md and cluster/monitoring.md, the usage comments of cluster/*.yaml and
-cluster/kuberay/*.yaml, ray-up's start commands and the KubeRay entrypoints. For each
+Read from the files themselves, not restated: the shell code blocks of the README, the
+docs its sections moved to (docs/*.md), cluster/README.md and cluster/monitoring.md, the
+usage comments of cluster/*.yaml and cluster/kuberay/*.yaml, ray-up's start commands and the KubeRay entrypoints. For each
 command: a `python -m MODULE` names a module that imports; raygen's own commands
 (`python -m jobs...`, `raygen ...`) parse with raygen's parsers; `ray start` flags parse
 with Ray's own CLI; every repository path a command names exists (`/app/...` is the
@@ -26,7 +26,8 @@ from jobs import cli
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER = REPO / "cluster"
-RUNBOOKS = [REPO / "README.md", CLUSTER / "README.md", CLUSTER / "monitoring.md"]
+RUNBOOKS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), CLUSTER / "README.md",
+            CLUSTER / "monitoring.md"]
 MANIFESTS = sorted([*CLUSTER.glob("*.yaml"), *(CLUSTER / "kuberay").glob("*.yaml")])
 # Folders of this repository that commands name files in.
 REPO_DIRS = ("cluster/", "jobs/", "dashboards/", "serve_apps/", "contract/", "bench/",

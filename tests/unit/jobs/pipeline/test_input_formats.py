@@ -104,8 +104,8 @@ def test_sharegpt_rows_still_go_through_message_validation():
     assert "the last message must be from user or tool" in reason(row)
 
 
-def test_the_readme_prompt_row_example_is_a_valid_row():
-    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text()
-    example = readme.split("## Prompt rows")[1].split("```json")[1].split("```")[0]
+def test_the_documented_prompt_row_example_is_a_valid_row():
+    doc = (Path(__file__).resolve().parents[4] / "docs" / "rows-and-schema.md").read_text()
+    example = doc.split("## Prompt rows")[1].split("```json")[1].split("```")[0]
     parsed = parse_row(json.dumps(json.loads(example)))
     assert parsed["key"] == "q-000017" and json.loads(parsed["tools"])
