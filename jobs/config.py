@@ -104,7 +104,7 @@ class JobConfig(StrictModel):
         "on the model's own turns 1..k-1 (tool results kept from the source), in rounds "
         "(one turn of every conversation per round, each written as the row's next version); "
         "a turn cut at the budget, or whose tool calls differ from the source's, ends its "
-        "conversation there (turn_stop). README 'Every-turn regeneration'.")
+        "conversation there (turn_stop). docs/modes.md 'Every-turn regeneration'.")
     limit: Optional[int] = Field(None, ge=1, description="Only the first N rows of each "
                                  "input file.")
     max_line_bytes: int = Field(

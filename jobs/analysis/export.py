@@ -182,7 +182,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="export only the rows new since the last --incremental call "
                              "to --out (also while the run goes on): one batch of shards "
                              "+ batch-NNNNN.manifest per call; later versions supersede "
-                             "earlier records (README: Export while generating)")
+                             "earlier records (docs/export.md: Export while generating)")
     parser.add_argument("--trainer-max-length", type=token_yield.parse_length, default=None,
                         metavar="N", help="the drafter trainer's max length (prompt + "
                         "output tokens): the manifest's token_yield says, per category, the "

@@ -1,7 +1,8 @@
 """Arrow schemas of a run's files: data/ (completions), failures/, rejects/.
 
 Explicit schemas keep every Parquet file of a run identical in types, even a file
-whose rows all lack a value. README.md "Output schema" documents each column.
+whose rows all lack a value. docs/rows-and-schema.md "Output schema" documents each
+column.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ TURN = pa.struct([
     ("span_start", pa.int32()), ("span_end", pa.int32()),
 ])
 
-# The replica's result columns (contract.protocol.RESULT_COLUMNS; README "Output schema"
-# documents each) sit between the row's identity and what the job adds.
+# The replica's result columns (contract.protocol.RESULT_COLUMNS; docs/rows-and-schema.md
+# "Output schema" documents each) sit between the row's identity and what the job adds.
 DATA = pa.schema([
     ("key", pa.string()),            # stable row key: input id, else hash of the prompt
     ("id", pa.string()),             # the input id (None when the input had none)

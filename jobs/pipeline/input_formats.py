@@ -67,7 +67,7 @@ def missing_messages(row: dict[str, Any]) -> str:
     for fields, name, todo in OTHER_SHAPES:
         if all(f in row for f in fields):
             return (f"missing 'messages': this row looks like {name}; {todo} "
-                    f"(see README 'Prompt rows')")
+                    f"(see docs/rows-and-schema.md 'Prompt rows')")
     return "missing 'messages' (or ShareGPT 'conversations')"
 
 

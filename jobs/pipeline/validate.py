@@ -11,10 +11,10 @@ the half of an emoji an exporter cut; a NUL character), so the admission pass an
 ``--dry-run`` never raise on input (tests/unit/jobs/pipeline/test_any_line.py fuzzes it). The driver's admission pass (jobs/pipeline/admission.py)
 uses the same ``parse_row`` and writes the rejects; the admit filter drops them here.
 
-Key rule (README "Row keys"): a string ``id`` is the key as is (it is data, never a
-path); an integer ``id`` n is the key ``int:n`` (so ``1`` and ``"1"`` never collide);
-without an id the key is ``sha256:`` + a hash of the canonical prompt (messages +
-tools). Canonical means keys sorted and null-valued fields dropped, so a prompt keeps
+Key rule (docs/rows-and-schema.md "Row keys"): a string ``id`` is the key as is (it is
+data, never a path); an integer ``id`` n is the key ``int:n`` (so ``1`` and ``"1"`` never
+collide); without an id the key is ``sha256:`` + a hash of the canonical prompt
+(messages + tools). Canonical means keys sorted and null-valued fields dropped, so a prompt keeps
 its key when re-exported (explicit nulls vs absent keys, key order, JSONL vs Parquet).
 String ids starting with a reserved prefix (``int:``, ``sha256:``) are rejected: they
 could collide with a generated key. ``prompt_hash`` hashes the canonical prompt of every

@@ -21,7 +21,7 @@ INCLUDE = ex.Filters(include_truncated=True)
 
 
 def live_records(folder: Path) -> dict[str, dict]:
-    """The trainer's reading, as the README states the rule: every batch's shards, minus
+    """The trainer's reading, as docs/export.md states the rule: every batch's shards, minus
     the records a later batch's `supersedes` lists. Fails on a key seen twice."""
     batches = [json.loads(p.read_text()) for p in sorted(folder.glob("batch-*.manifest"))]
     skip = {(int(b), k) for m in batches for b, keys in m["supersedes"].items() for k in keys}
