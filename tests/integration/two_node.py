@@ -83,7 +83,12 @@ class TwoNodeCluster:
                        "DASHBOARD_METRIC_PORT": str(free_port()),
                        "AUTOSCALER_METRIC_PORT": str(free_port()),
                        # On a loaded shared machine a raylet may take long to register.
-                       "RAY_raylet_start_wait_time_s": "180"}
+                       "RAY_raylet_start_wait_time_s": "180",
+                       # The GCS declares a node dead after 3 failed health checks 1 s
+                       # apart, not 5 at 3 s (~15 s): the killed raylet refuses at once,
+                       # and a check that merely waits still has its 10 s timeout.
+                       "RAY_health_check_period_ms": "1000",
+                       "RAY_health_check_failure_threshold": "3"}
         cluster.env.pop("RAY_ADDRESS", None)
         return cluster
 
