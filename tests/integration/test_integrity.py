@@ -18,7 +18,7 @@ import pytest
 from jobs import cli, generate
 from jobs.io.condemned import read_records
 from jobs.io.run_index import latest_rows
-from tests.integration.helpers import (deploy, engine_urls, read, replica_infos, run, run_config,
+from tests.integration.helpers import (KILLABLE_SLOWDOWN, deploy, engine_urls, read, replica_infos, run, run_config,
                                        set_faults, store_of, write_prompts, write_yaml)
 from tests.support.waiting import wait_until
 
@@ -163,8 +163,16 @@ def test_a_replica_whose_greedy_outputs_drift_is_caught_by_the_canary_and_its_ro
         wait_until(lambda: len(store.part_paths("data")) >= 6, 120, "rows flowing")
         # the replica the router sends most to drifts: rows keep going to it
         drift = read(tree, "data")["replica"].value_counts().index[0]
+        # Every engine slowed until the drain is recorded: the session must outlast the
+        # canary (every 3 s). Beside a CPU hog its rows came in one burst and it ended ~2 s
+        # after the drift began, before any drain: no record to assert on.
+        set_faults([i["engine_url"] for i in infos.values()], slow_rate=1.0, slow_factor=KILLABLE_SLOWDOWN)
         began = time.time()
         set_faults([infos[drift]["engine_url"]], broken_output="drift")
+        wait_until(lambda: any(r["replica"] == drift for r in read_records(store))
+                   or not session.is_alive(), 120, "the drift's drain recorded")
+        # the rest at full speed (the drifting engine is drained: its process may be gone)
+        set_faults([i["engine_url"] for r, i in infos.items() if r != drift], slow_rate=0.0)
     finally:
         session.join(300)
     sound = [(r, None) for r in infos if r != drift]
