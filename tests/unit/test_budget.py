@@ -9,6 +9,7 @@ from tests.support import budget
 from tests.support.budget import MODULE_BUDGET_S, TIER_BUDGET_S, ModuleTimes, over_budget, report, tier_of
 
 REPO = Path(__file__).resolve().parents[2]
+SET_UP_AND_UNIT_S = 90
 
 
 def _modules(tier_dir: str) -> set[str]:
@@ -27,8 +28,10 @@ def test_the_module_budgets_fit_their_tier_and_the_tiers_fit_15_minutes():
     # two xdist workers: contract + integration take about half their sum in wall time
     parallel = (TIER_BUDGET_S["contract"] + TIER_BUDGET_S["integration"]
                 + TIER_BUDGET_S["real engine"]) / 2
-    # + set-up and the unit tier beside it: 68 s in 95492e1's idle fresh clone (836 s in all)
-    assert TIER_BUDGET_S["unit"] / 2 + parallel + 70 <= 15 * 60
+    # + set-up, the SGLang set's install and the unit tier beside it, as measured: 90 s
+    # before contract + integration began in 99ff580's idle fresh clone (1,038 s in all).
+    # (Until this round unit/2 was added on top of a measured 70 s that already held it.)
+    assert parallel + SET_UP_AND_UNIT_S <= 15 * 60
 
 
 def test_tiers_by_path():
