@@ -446,8 +446,14 @@ def lengths_png(df: pd.DataFrame, caps: Sequence[int]) -> bytes:
         parts = [(r, df.loc[df["finish_reason"] == r, "completion_tokens"])
                  for r in ("stop", "length", "abort")]
         parts = [(r, x) for r, x in parts if len(x)]
-        ax.hist([x for _, x in parts], bins=bins, stacked=True,
-                label=[f"{LABELS[r]} ({len(x):,})" for r, x in parts])
+        # One filled step outline per finish reason, stacked: ax.hist draws a patch per
+        # bin and reason (~240), which made the plot most of the report's CPU.
+        bottom = np.zeros(len(bins) - 1)
+        for r, x in parts:
+            top_edge = bottom + np.histogram(x, bins=bins)[0]
+            ax.stairs(top_edge, bins, baseline=bottom, fill=True,
+                      label=f"{LABELS[r]} ({len(x):,})")
+            bottom = top_edge
         for cap in caps:
             ax.axvline(cap, color="crimson", linestyle="--", linewidth=1)
             ax.annotate(f"cap {cap:,}", (cap, 1), xycoords=("data", "axes fraction"),
