@@ -44,6 +44,12 @@ class SimulatorSettings(BaseModel):
         "admission reserves room for budgets as SGLang's scheduler does and decode retracts the newest request when "
         "the pool is full (scheduler.py). None = no pool: the slots alone bound the batch.",
     )
+    schedule_conservativeness: float = Field(
+        1.0, gt=0,
+        description="SGLang's --schedule-conservativeness, with max_total_tokens: admission reserves 0.7 x this share "
+        "(at most all) of every running request's budget left, decaying to 0.14 x that over 600 decode steps; "
+        "below 1 admits more requests at once and retracts more when their outputs grow.",
+    )
     per_request_decode_tok_s: float = Field(
         100.0, gt=0, description="Decode speed of one request running alone, simulated tokens per simulated second."
     )

@@ -30,6 +30,9 @@ Design decisions:
   front of the queue keeping its output, and re-prefills prompt + output when admitted
   again; the ratio is reset to the running requests' decoded share (+20 steps each, at
   most 1). A lone running request is never retracted (SGLang would abort it).
+  ``schedule_conservativeness`` (SGLang's --schedule-conservativeness) scales the ratio's
+  start (0.7 x it, at most 1) and its floor alike; an idle engine starts again from the
+  start, as SGLang's idle check resets it.
 """
 
 from __future__ import annotations
@@ -116,10 +119,14 @@ class Scheduler:
         time_scale: float,
         context_length: int,
         max_total_tokens: Optional[int] = None,
+        schedule_conservativeness: float = 1.0,
     ) -> None:
         self.max_running = max_running_requests
         self.max_total = max_total_tokens
-        self._ratio = INIT_NEW_TOKEN_RATIO
+        # SGLang 0.5.23's NewTokenRatioTracker.from_config
+        self._ratio_init = min(INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
+        self._ratio_floor = min(self._ratio_init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self._ratio = self._ratio_init
         self.retractions_total = 0
         self.last_retracted = 0
         self.per_request_tok_s = per_request_decode_tok_s
@@ -231,6 +238,7 @@ class Scheduler:
             self._driver = None
             if not self._running and not self._queue:
                 self._idle_since = time.monotonic()
+                self._ratio = self._ratio_init  # SGLang resets it when its batch empties
 
     def _rate(self) -> float:
         n = len(self._running)
@@ -245,9 +253,8 @@ class Scheduler:
         dt = (now - last) / self.time_scale
         rate = self._rate()
         if self.max_total is not None:  # one decode step per token a request decodes
-            floor = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
-            step = (INIT_NEW_TOKEN_RATIO - floor) / NEW_TOKEN_RATIO_DECAY_STEPS
-            self._ratio = max(floor, self._ratio - step * rate * dt)
+            step = (self._ratio_init - self._ratio_floor) / NEW_TOKEN_RATIO_DECAY_STEPS
+            self._ratio = max(self._ratio_floor, self._ratio - step * rate * dt)
         # with a pool a prefill's end is an event of its own: one within the retire slack
         # ends now (float rounding must not leave a remainder too small to wait for)
         slack = RETIRE_SLACK_WALL_S / self.time_scale if self.max_total is not None else 0.0

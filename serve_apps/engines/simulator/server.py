@@ -79,6 +79,7 @@ class Simulator:
             time_scale=settings.time_scale,
             context_length=settings.context_length,
             max_total_tokens=settings.max_total_tokens,
+            schedule_conservativeness=settings.schedule_conservativeness,
         )
         self.cache = PrefixCache(settings.context_length * settings.max_running_requests)
         self.registry = build_registry(settings.model_name, self.scheduler.stats)

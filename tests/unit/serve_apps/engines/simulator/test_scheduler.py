@@ -294,3 +294,47 @@ def test_ignore_eos_requests_reserve_their_whole_budget_and_never_retract(clock)
     fixed = run_virtual(lambda: go(True), clock)
     assert fixed.retractions_total == 0 and fixed.generation_tokens_total == sum(outputs)
     assert run_virtual(lambda: go(False), clock).retractions_total >= 1
+
+
+def test_a_low_schedule_conservativeness_admits_what_the_default_queues_and_retracts(clock):
+    """SGLang's --schedule-conservativeness scales the share of budgets admission reserves
+    (0.7 x it): at 0.05 the second request of the test above runs at once, and the two
+    outgrow the pool in decode, which then retracts one."""
+    async def go(conservativeness):
+        s = make(time_scale=0.01, max_total_tokens=2000, prefill_tok_s=1e6,
+                 schedule_conservativeness=conservativeness)
+        first = asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1500))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1500))
+        await asyncio.sleep(0.001)
+        st = s.stats()
+        await asyncio.gather(first, second)
+        return st, s.stats()
+
+    bold, bold_end = run_virtual(lambda: go(0.05), clock)
+    assert (bold.running, bold.queued) == (2, 0)
+    assert bold_end.retractions_total >= 1 and bold_end.generation_tokens_total == 2000
+    default, default_end = run_virtual(lambda: go(1.0), clock)
+    assert (default.running, default.queued) == (1, 1)
+    assert default_end.retractions_total == 0
+
+
+def test_an_idle_engine_admits_again_as_boldly_as_at_start_not_at_the_decayed_ratio(clock):
+    """The ratio decays while a batch decodes; SGLang resets it when the batch empties.
+    A second burst after an idle spell is admitted exactly as the first was."""
+    async def burst(s):
+        tasks = [asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1500))
+                 for _ in range(3)]
+        await asyncio.sleep(0.001)
+        seen = (s.stats().running, s.stats().queued)
+        await asyncio.gather(*tasks)
+        return seen
+
+    async def go():
+        s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
+        first = await burst(s)
+        await asyncio.sleep(1.0)
+        return first, await burst(s)
+
+    first, second = run_virtual(go, clock)
+    assert first == second == (2, 1)
