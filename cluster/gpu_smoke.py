@@ -153,6 +153,7 @@ def run_phase(tree: dict[str, Any], prompts: int):
     handle = deploy_or_attach(cfg.engine, cfg.serve)
     startup_s = time.monotonic() - started
     info = handle.info.remote().result()
+    before = _metrics_text(info["engine_url"])  # an attached engine's counters count on
     error, job_started = None, time.monotonic()
     try:
         run_job(cfg, RunMode.of_flags(), stop_exc=Stopped)
@@ -163,7 +164,8 @@ def run_phase(tree: dict[str, Any], prompts: int):
     data = store.read_kind("data").to_pandas()
     phase = Phase(cfg=cfg, prompts=prompts, data=data,
                   failures=store.read_kind("failures").num_rows,
-                  server_info=info["server_info"], metrics_text=_metrics_text(info["engine_url"]))
+                  server_info=info["server_info"], metrics_text=_metrics_text(info["engine_url"]),
+                  metrics_before=before)
     figures = {
         "engine_startup_s": round(startup_s, 1), "rows": len(data), "job_s": round(job_s, 1),
         "tok_s": round(float(data.completion_tokens.sum()) / job_s, 1) if len(data) else 0.0,

@@ -15,8 +15,10 @@ line; the script exits 1 when there is any. The checks:
   /server_info) is the config's, and its KV pool (max_total_num_tokens) holds that many
   of the rows the job keeps in flight per engine at the config's budget (the median
   prompt + max_new_tokens each).
-- ``retractions``: the engine retracted no request (sglang:num_retracted_requests_total):
-  a retracted request is prefilled again, the symptom of a pool planned too small.
+- ``retractions``: the engine retracted no request while the phase ran (the increase of
+  sglang:num_retracted_requests_total over it: a smoke attached to a running engine must
+  not be charged that engine's earlier retractions): a retracted request is prefilled
+  again, the symptom of a pool planned too small.
 
 One GPU per replica is not checked here: each replica checks it before its engine starts
 (serve_apps/gpu_pinning.py) and refuses to start otherwise, which the phase shows as an
@@ -47,7 +49,8 @@ class Phase:
     data: pd.DataFrame           # the run's data rows
     failures: int                # its failure rows
     server_info: dict[str, Any]  # one engine's /server_info
-    metrics_text: str            # that engine's /metrics (Prometheus text)
+    metrics_text: str            # that engine's /metrics (Prometheus text) after the phase
+    metrics_before: str = ""     # ... and before it ("": an engine started for the phase)
 
 
 def rows_in_flight_per_engine(cfg: RunConfig) -> int:
@@ -62,6 +65,17 @@ def counter_total(metrics_text: str, name: str) -> Optional[float]:
     values = [sample.value for family in text_string_to_metric_families(metrics_text)
               for sample in family.samples if sample.name == name]
     return sum(values) if values else None
+
+
+def counter_increase(before_text: str, after_text: str, name: str) -> Optional[float]:
+    """How much a counter grew between two scrapes of one engine; None when the engine has
+    none. An engine that restarted in between (its counter below the first scrape's)
+    counts from zero."""
+    after = counter_total(after_text, name)
+    before = counter_total(before_text, name) if before_text else None
+    if after is None or before is None or after < before:
+        return after
+    return after - before
 
 
 def accept_length(data: pd.DataFrame) -> Optional[float]:
@@ -100,7 +114,7 @@ def failed(phase: Phase) -> list[str]:
             lines.append(f"flagged: {len(flagged)} of {len(data)} rows carry integrity flags "
                          f"({', '.join(kinds)})")
     lines += _capacity(phase)
-    retracted = counter_total(phase.metrics_text, RETRACTIONS)
+    retracted = counter_increase(phase.metrics_before, phase.metrics_text, RETRACTIONS)
     if retracted:
         lines.append(f"retractions: the engine retracted {retracted:.0f} requests "
                      f"({RETRACTIONS}): its KV pool cannot hold the rows in flight")

@@ -31,13 +31,15 @@ REASONING_TOKENS = len(REASONING) + 1  # SGLang counts the </think> as reasoning
 def engine_section(model_path: str, **overrides: Any) -> dict[str, Any]:
     """The engine section of the shared pool: the scripted model on SGLang's CPU engine,
     with strict thinking (so a run may set job.sampling.max_thinking_tokens; the scripted
-    model never ends while thinking, so EOS masked there changes none of its outputs)."""
+    model never ends while thinking, so EOS masked there changes none of its outputs).
+    ``extra_args`` in ``overrides`` are added to the pool's."""
+    extra = {"enable-strict-thinking": True, **overrides.pop("extra_args", {})}
     return {"kind": "sglang", "device": "cpu", "model_path": model_path,
             "served_model_name": SERVED_NAME, "chat_template": "builtin",
             "reasoning_parser": "qwen3", "context_length": CONTEXT,
             "max_total_tokens": 16384, "max_running_requests": 16,
             "start_timeout_s": 300, "request_timeout_s": 120,
-            "extra_args": {"enable-strict-thinking": True}, **overrides}
+            "extra_args": extra, **overrides}
 
 
 def spec_engine_section(model_path: str, draft_path: str, **overrides: Any) -> dict[str, Any]:

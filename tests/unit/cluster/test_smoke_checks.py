@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cluster.smoke_checks import CHECKS, Phase, accept_length, counter_total, failed
+from cluster.smoke_checks import (CHECKS, Phase, accept_length, counter_increase, counter_total,
+                                  failed)
 from jobs.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -90,6 +91,17 @@ def test_retractions_fail_and_the_counter_is_summed_over_its_labels():
     assert line.startswith("retractions: the engine retracted 3 requests")
     assert counter_total(METRICS % "2.0", "sglang:num_retracted_requests_total") == 2.0
     assert counter_total("", "sglang:num_retracted_requests_total") is None
+
+
+def test_only_the_retractions_during_the_phase_count_on_an_attached_engine():
+    """A smoke attached to a running engine reads its counter before and after: the
+    engine's earlier retractions are not the phase's; one that restarted counts anew."""
+    assert failed(_phase(metrics_before=METRICS % "5.0", metrics_text=METRICS % "5.0")) == []
+    (line,) = failed(_phase(metrics_before=METRICS % "5.0", metrics_text=METRICS % "7.0"))
+    assert line.startswith("retractions: the engine retracted 2 requests")
+    (line,) = failed(_phase(metrics_before=METRICS % "5.0", metrics_text=METRICS % "1.0"))
+    assert line.startswith("retractions: the engine retracted 1 requests")
+    assert counter_increase("", METRICS % "4.0", "sglang:num_retracted_requests_total") == 4.0
 
 
 @pytest.mark.parametrize("check", CHECKS)
