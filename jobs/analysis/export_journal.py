@@ -17,8 +17,9 @@ Design decisions:
 - The watermark is per key: a batch's keys file holds, for each key it looked at, the
   digest, version and created_at of the row it saw and whether it wrote it (else a
   filter dropped it). The next call takes from the run index the keys whose latest row
-  is newer by the index's own rule (version, then created_at: LATEST_ORDER): new keys,
-  continued rows, rows regenerated after a quarantine. A manifest's ``watermark`` says
+  is newer by the index's own rule (run_index.later on LATEST_ORDER's version, then
+  created_at; the journal keeps no part path): new keys, continued rows, rows
+  regenerated after a quarantine. A manifest's ``watermark`` says
   how much of the run the call saw (parts, rows, keys, newest part).
 - The supersede rule: a batch's ``supersedes`` maps an earlier batch to the keys whose
   record there is no longer the key's latest (the new version is in this batch, or a
@@ -54,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from jobs.io.digests import sorted_contains
+from jobs.io.run_index import later
 from jobs.io.lease_store import LeaseConflict, conditional_object
 from jobs.io.storage import (AlreadyExists, Location, create_exclusive, delete_file, list_files,
                              read_bytes, write_bytes_atomic)
@@ -120,7 +122,7 @@ class Journal:
         found, pos = sorted_contains(self.digest, digest)
         seen_v = np.where(found, self.version[pos], -1)
         seen_c = np.where(found, self.created_ms[pos], 0)
-        newer = (version > seen_v) | ((version == seen_v) & (created_ms > seen_c))
+        newer = later((version, created_ms), (seen_v, seen_c))  # the index's rule
         return newer, np.where(found, self.batch[pos], -1)
 
 

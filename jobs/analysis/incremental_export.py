@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -46,17 +46,6 @@ def rows_to_export(index: RunIndex, journal: journal_io.Journal
     latest = index.latest
     newer, prev = journal.newer(latest["digest"], latest["version"], latest["created_ms"])
     return np.flatnonzero(newer), prev[newer]
-
-
-def by_part(index: RunIndex, positions: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
-    """(data part path, the positions whose row it holds, in row order) per part."""
-    part, row = index.latest["part"][positions], index.latest["row"][positions]
-    order = np.lexsort((row, part))
-    positions, part = positions[order], part[order]
-    cuts = np.flatnonzero(np.diff(part)) + 1
-    for group in np.split(np.arange(len(positions)), cuts):
-        if len(group):
-            yield index.part_paths[part[group[0]]], positions[group]
 
 
 def options_of(store: RunStore, fmt: str, file_type: str, filters: Filters,
@@ -120,7 +109,7 @@ def _batch(store: RunStore, out, journal: journal_io.Journal, lock: journal_io.E
     written = np.zeros(len(index.latest["digest"]), bool)
     supersedes: dict[int, list[str]] = {}
     damaged: dict[str, int] = {}
-    for path, group in by_part(index, positions):
+    for path, group in index.by_part(positions):
         lock.renew()
         table = store.read_part(path, columns, index.checksums.get(path))
         if not table.num_rows:  # found damaged by this read: quarantined

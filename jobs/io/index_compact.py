@@ -7,7 +7,11 @@ session, and right after the open when it found many parts no compact object cov
 never by a reader without it. An open then reads the newest usable compact object plus
 the sidecars of the parts it does not cover: O(sessions) reads instead of O(parts).
 
-One Arrow IPC stream: the per-key arrays (run_index.COLUMNS, in digest order) in
+The run index's state (jobs/io/index_state.py) encoded: ``write`` encodes
+``RunIndex.state()``, ``load`` decodes an object into an ``IndexState`` that the index
+applies itself (``RunIndex.apply``); nothing here sets an index's fields.
+
+One Arrow IPC stream: the per-key arrays (index_state.COLUMNS, in digest order) in
 batches of BATCH_ROWS, and in the schema's metadata what else the open derives:
 compact_format, key_salt_id, the parts it covers per kind (name, size, sha256), the data
 parts in the order the arrays' part ids count them, the finish and settings
@@ -40,13 +44,14 @@ import logging
 import os
 import posixpath
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from jobs.io import part_summary
 from jobs.io.digests import salt_id
+from jobs.io.index_state import COLUMNS, IndexState, PartRecord
 from jobs.io.schema import DATA
 from jobs.io.s3_retry import RetryingInputFile
 from jobs.io.storage import (Location, delete_file, is_local, list_files, read_bytes,
@@ -71,6 +76,15 @@ OPEN_COMPACT_PARTS = 2000   # uncovered parts at an open worth a compact object 
 
 class BadCompact(ValueError):
     """A compact object this run cannot use."""
+
+
+class Loaded(NamedTuple):
+    """A usable compact object, decoded: its number, its data parts' digest (what ties
+    its stats object to it) and the index state it holds."""
+
+    number: int
+    data_digest: str
+    state: IndexState
 
 
 def enabled() -> bool:
@@ -99,19 +113,34 @@ def listed(store) -> list[tuple[int, str]]:
 
 # --- writing --------------------------------------------------------------------------
 
-def _state(index) -> dict[str, Any]:
+def _encode(state: IndexState) -> dict[str, Any]:
+    """The state's metadata as JSON (the per-key arrays go in the batches)."""
     parts: dict[str, list] = {}
-    for path in sorted(index.seen):
+    for path, size, sha256 in state.parts:  # in path order
         kind = posixpath.basename(posixpath.dirname(path))
-        parts.setdefault(kind, []).append([posixpath.basename(path), index.sizes[path],
-                                           index.checksums.get(path, "")])
-    return {"parts": parts, "data_parts": [posixpath.basename(p) for p in index.part_paths],
-            "finishes": index.finishes, "settings": index.settings,
-            "failed": base64.b64encode(index.failed.astype("<u8").tobytes()).decode(),
-            "reject_ids": sorted(index.reject_ids),
-            "first_budgets": [[h, b, n] for (h, b), n in sorted(index.first_budgets.items(),
+        parts.setdefault(kind, []).append([posixpath.basename(path), size, sha256])
+    return {"parts": parts, "data_parts": [posixpath.basename(p) for p in state.data_parts],
+            "finishes": state.finishes, "settings": state.settings,
+            "failed": base64.b64encode(state.failed.astype("<u8").tobytes()).decode(),
+            "reject_ids": sorted(state.reject_ids),
+            "first_budgets": [[h, b, n] for (h, b), n in sorted(state.first_budgets.items(),
                                                                 key=str)],
-            "data_rows": index.data_rows, "keys": len(index.done)}
+            "data_rows": state.data_rows, "keys": state.keys}
+
+
+def _decode(meta: dict[str, Any], arrays: dict[str, np.ndarray], store) -> IndexState:
+    budgets: dict[tuple, int] = {}
+    for h, b, count in meta["first_budgets"]:
+        budgets[(h, b)] = budgets.get((h, b), 0) + count
+    return IndexState(
+        latest=arrays,
+        failed=np.frombuffer(base64.b64decode(meta["failed"]), "<u8").astype(np.uint64),
+        reject_ids=set(meta["reject_ids"]),
+        parts=[PartRecord(store.loc(kind, name).path, size, sha256)
+               for kind, parts in meta["parts"].items() for name, size, sha256 in parts],
+        data_parts=[store.loc("data", name).path for name in meta["data_parts"]],
+        finishes=list(meta["finishes"]), settings=list(meta["settings"]),
+        first_budgets=budgets, data_rows=int(meta["data_rows"]))
 
 
 def write(index, stats: bool = True) -> Optional[str]:
@@ -121,24 +150,23 @@ def write(index, stats: bool = True) -> Optional[str]:
     every open)."""
     if not enabled():
         return None
-    columns = {name: a.dtype for name, a in index.latest.items()}  # run_index.COLUMNS
     store = index.store
     n = (listed(store)[0][0] if listed(store) else 0) + 1
     loc = store.loc(*FOLDER, f"{n:08d}{SUFFIX}")
-    state = _state(index)
-    stats_ok = stats and _write_stats(index, n, _data_digest(state["parts"]))  # before n
-    schema = pa.schema([(name, pa.from_numpy_dtype(dtype)) for name, dtype in columns.items()],
+    state = index.state()
+    meta = _encode(state)
+    digest = _data_digest(meta["parts"])
+    stats_ok = stats and _write_stats(index, n, digest)  # before n
+    schema = pa.schema([(name, pa.from_numpy_dtype(dtype)) for name, dtype in COLUMNS.items()],
                        metadata={"compact_format": FORMAT,
                                  "key_salt_id": salt_id(index.key_salt),
-                                 "state": json.dumps(state)})
-    keys = len(index.done)
+                                 "state": json.dumps(meta)})
     with _output(loc) as out, pa.ipc.new_stream(out, schema, options=_WRITE) as writer:
-        for start in range(0, keys, BATCH_ROWS):  # zero-copy slices of the arrays
+        for start in range(0, state.keys, BATCH_ROWS):  # zero-copy slices of the arrays
             writer.write_batch(pa.record_batch(
-                [pa.array(index.latest[name][start:start + BATCH_ROWS]) for name in columns],
+                [pa.array(state.latest[name][start:start + BATCH_ROWS]) for name in COLUMNS],
                 schema=schema))
-    index.compact_number = n if stats_ok else None
-    index.compact_data_digest = _data_digest(state["parts"])
+    index.note_compact(n if stats_ok else None, digest, len(state.parts))
     for old_n, old in listed(store)[KEEP:]:
         for path in (old, _stats_loc(store, old_n).path):
             try:
@@ -306,22 +334,21 @@ def _check_namesakes(state: dict[str, Any], store, suspect: frozenset[str]) -> N
                                  f"(same size, other bytes)")
 
 
-def _read(path: str, index, listing: dict[str, Any]) -> tuple[dict, dict[str, np.ndarray]]:
-    columns = {name: a.dtype for name, a in index.latest.items()}  # a fresh index's
-    store = index.store
+def _read(path: str, store, salt: bytes, listing: dict[str, Any]
+          ) -> tuple[dict, dict[str, np.ndarray]]:
     try:
         with RetryingInputFile(store.root.fs, path) as f:
             reader = pa.ipc.open_stream(f)
-            state = _check(reader.schema.metadata or {}, index.key_salt, listing, store)
-            if reader.schema.names != list(columns):
-                raise BadCompact(f"columns {reader.schema.names}, expected {list(columns)}")
+            state = _check(reader.schema.metadata or {}, salt, listing, store)
+            if reader.schema.names != list(COLUMNS):
+                raise BadCompact(f"columns {reader.schema.names}, expected {list(COLUMNS)}")
             keys = int(state["keys"])
-            arrays = {name: np.empty(keys, dtype) for name, dtype in columns.items()}
+            arrays = {name: np.empty(keys, dtype) for name, dtype in COLUMNS.items()}
             at = 0
             for batch in reader:  # copied batch by batch: the arrays are the index's own
                 if at + batch.num_rows > keys:
                     raise BadCompact(f"holds more than the {keys} keys it declares")
-                for i, name in enumerate(columns):
+                for i, name in enumerate(COLUMNS):
                     arrays[name][at:at + batch.num_rows] = batch.column(i).to_numpy()
                 at += batch.num_rows
     except (pa.ArrowInvalid, OSError, KeyError, ValueError, TypeError) as exc:
@@ -333,49 +360,26 @@ def _read(path: str, index, listing: dict[str, Any]) -> tuple[dict, dict[str, np
     return state, arrays
 
 
-def load(index, listing: dict[str, Any], suspect: frozenset[str] = frozenset()) -> set[str]:
-    """Fill a fresh ``index`` from the newest usable compact object; returns the paths of
-    the parts it covers (empty: none usable, the sidecars answer). ``listing``: part
-    path -> FileInfo of every part listed now; ``suspect``: paths whose part may have been
-    written again under its name since (a quarantined part's): an object covering one
-    is used only if its sha256 for it is the part's bytes' now."""
+def load(store, salt: bytes, listing: dict[str, Any],
+         suspect: frozenset[str] = frozenset()) -> Optional[Loaded]:
+    """The newest usable compact object of the run, decoded (None: none usable, the
+    sidecars answer). ``salt``: the run's key salt; ``listing``: part path -> FileInfo
+    of every part listed now; ``suspect``: paths whose part may have been written again
+    under its name since (a quarantined part's): an object covering one is used only if
+    its sha256 for it is the part's bytes' now."""
     if not enabled():
-        return set()
-    for n, path in listed(index.store)[:TRIES]:
+        return None
+    for n, path in listed(store)[:TRIES]:
         try:
-            state, arrays = _read(path, index, listing)
-            _check_namesakes(state, index.store, suspect)
+            meta, arrays = _read(path, store, salt, listing)
+            _check_namesakes(meta, store, suspect)
         except BadCompact as exc:
             logger.warning("compact index %s not used (%s): reading the sidecars of the "
-                           "parts it would cover", index.store.root.join(
+                           "parts it would cover", store.root.join(
                                *FOLDER, posixpath.basename(path)).uri, exc)
             continue
-        return _apply(index, state, arrays, listing, n)
-    return set()
-
-
-def _apply(index, state: dict, arrays: dict[str, np.ndarray], listing, n: int) -> set[str]:
-    store = index.store
-    index.compact_number, index.compact_data_digest = n, _data_digest(state["parts"])
-    index.latest = arrays
-    index.part_paths = [store.loc("data", name).path for name in state["data_parts"]]
-    index.finishes, index.settings = list(state["finishes"]), list(state["settings"])
-    index.failed = np.frombuffer(base64.b64decode(state["failed"]), "<u8").astype(np.uint64)
-    index.reject_ids = set(state["reject_ids"])
-    for h, b, count in state["first_budgets"]:
-        index.first_budgets[(h, b)] += count
-    index.data_rows = int(state["data_rows"])
-    covered = set()
-    for kind, parts in state["parts"].items():
-        for name, _, sha256 in parts:
-            path = store.loc(kind, name).path
-            index._note_part(listing[path])
-            if sha256:
-                index.checksums[path] = sha256
-            covered.add(path)
-    index.reads["compact"] += 1
-    index.compact_covered = len(covered)
-    return covered
+        return Loaded(n, _data_digest(meta["parts"]), _decode(meta, arrays, store))
+    return None
 
 
 def maybe_write(index, min_uncovered: int = 1, stats: bool = True) -> Optional[str]:
@@ -392,12 +396,11 @@ def maybe_write(index, min_uncovered: int = 1, stats: bool = True) -> Optional[s
         if len(index.seen) - index.compact_covered < min_uncovered:
             return None
         started = time.monotonic()
-        uri = write(index, stats)
+        uri = write(index, stats)  # the index notes what it covers now
     except Exception as exc:  # noqa: BLE001 - a cache: never the session's failure
         logger.warning("compact index not written (%s: %s): the next open reads the "
                        "sidecars", type(exc).__name__, exc)
         return None
-    index.compact_covered = len(index.seen)
     logger.info("compact index %s written in %.1f s (%d keys, %d parts)", uri,
                 time.monotonic() - started, len(index.done), len(index.seen))
     return uri

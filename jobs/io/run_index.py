@@ -25,9 +25,15 @@ transient memory stays bounded. Two different keys with the same digest (probabi
 ~n^2/2^65, 3e-6 at 10M keys) are one key here: the rule below picks one row for both,
 and both count as done (admission reads the same digests from this index).
 
-The latest version of a key (THE tie-break rule, ``LATEST_ORDER``): the highest
-version; equal versions (which the writer never produces) the later created_at,
-then the part whose path sorts last, then the later row in that part.
+The latest version of a key (THE tie-break rule, ``LATEST_ORDER``, compared by
+``later``): the highest version; equal versions (which the writer never produces) the
+later created_at, then the part whose path sorts last, then the later row in that part.
+An open, a refresh against the rows held, ``latest_rows`` on a frame and the export
+journal's watermark (jobs/analysis/export_journal.py) all apply it from here.
+
+Who sets what: only this class sets its fields. A compact object is decoded into an
+``IndexState`` (jobs/io/index_state.py) that ``apply`` takes as the index's own, and
+``state()`` is what the compact writer encodes.
 """
 
 from __future__ import annotations
@@ -37,14 +43,15 @@ import hashlib
 import logging
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from jobs.io import index_compact, part_summary
-from jobs.io.digests import digests_of, sorted_contains
+from jobs.io.digests import sorted_contains
+from jobs.io.index_state import COLUMNS, IndexState, PartRecord, empty_latest
 from jobs.io.run_store import RunStore
 from jobs.io.samples import row_key
 from jobs.io.schema import DATA, KINDS
@@ -52,11 +59,12 @@ from jobs.io.storage import list_files, read_bytes, write_bytes_atomic
 
 logger = logging.getLogger("raygen")
 OPEN_THREADS = 32   # sidecar reads in flight: each S3 GET is ~30 ms of waiting
-LATEST_ORDER = ("version", "created_at")   # then part path, then row: see the docstring
-# Per-key arrays, kept aligned and sorted by digest.
-COLUMNS = {"digest": np.uint64, "version": np.int32, "created_ms": np.int64,
-           "part": np.uint32, "row": np.uint32, "finish": np.uint8, "tokens": np.int32,
-           "prompt": np.uint64, "settings": np.uint16}
+# The tie-break rule, most significant first (see the docstring); a frame of rows in
+# part path and row order has the last two as its order.
+LATEST_ORDER = ("version", "created_at", "part path", "row")
+# The per-key arrays (index_state.COLUMNS) that hold them; "part" ids follow their
+# paths' order among rows read in one refresh (the listing is sorted), not across them.
+LATEST_ARRAYS = ("version", "created_ms", "part", "row")
 # Rows collected from sidecars before they are merged into the per-key arrays: bounds
 # the open's extra memory (~100 B per collected row) whatever the run's size.
 MERGE_ROWS = 1 << 20
@@ -84,6 +92,23 @@ def version_digests(key_digests: np.ndarray, versions: np.ndarray) -> np.ndarray
     return key_digests ^ (versions.astype(np.uint64) * VERSION_MIX)
 
 
+def later(a: Sequence, b: Sequence) -> np.ndarray:
+    """LATEST_ORDER's comparison, row by row: is a's row later than b's? ``a`` and ``b``
+    hold aligned columns of the rule, most significant first (a prefix of it compares
+    by that prefix: equal is not later). A column may be a function of the positions
+    still tied, so a costly one (part paths) is built only for exact ties."""
+    n = len(a[0])
+    wins, tied = np.zeros(n, bool), np.arange(n)
+    for x, y in zip(a, b):
+        if not len(tied):
+            break
+        x = x(tied) if callable(x) else np.asarray(x)[tied]
+        y = y(tied) if callable(y) else np.asarray(y)[tied]
+        wins[tied[x > y]] = True
+        tied = tied[x == y]
+    return wins
+
+
 def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
     """LATEST_ORDER on a frame of rows (key, version, created_at if present), in part
     path and row order: one row per key, its latest version."""
@@ -95,16 +120,13 @@ def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 # --- the index ----------------------------------------------------------------------
 
-def _empty_latest() -> dict[str, np.ndarray]:
-    return {name: np.empty(0, dtype) for name, dtype in COLUMNS.items()}
-
-
 class RunIndex:
-    """What a run holds; ``RunIndex.open(store)`` or ``RunIndex(store).refresh()``."""
+    """What a run holds; ``RunIndex.open(store)`` or ``RunIndex(store).refresh()``
+    (store None: an index of no run, holding what ``apply`` gives it)."""
 
-    def __init__(self, store: RunStore, threads: int = OPEN_THREADS):
+    def __init__(self, store: Optional[RunStore], threads: int = OPEN_THREADS):
         self.store, self.threads = store, threads
-        self.latest = _empty_latest()
+        self.latest = empty_latest()
         self.failed = np.empty(0, np.uint64)       # every key that failed, sorted
         self.reject_ids: set[str] = set()
         self.first_budgets: collections.Counter = collections.Counter()  # (hash, budget)
@@ -135,22 +157,6 @@ class RunIndex:
         index.refresh()
         return index
 
-    @classmethod
-    def holding(cls, done: dict[str, Optional[str]], failed: Iterable[str] = (),
-                reject_ids: Iterable[str] = ()) -> "RunIndex":
-        """An index of no store that holds these keys (key -> prompt_hash, None when the
-        row predates prompt hashes), failed keys and reject ids: what admission and the
-        plans see of a run, for tests and benchmarks."""
-        index = cls(None)  # type: ignore[arg-type] - never refreshed
-        digests, first = np.unique(digests_of(done), return_index=True)
-        latest = {name: np.zeros(len(digests), dtype) for name, dtype in COLUMNS.items()}
-        latest["digest"] = digests
-        latest["prompt"] = digests_of(list(done.values()))[first]
-        index.latest = latest
-        index.failed = np.unique(digests_of(failed))
-        index.reject_ids = set(reject_ids)
-        return index
-
     # --- reading ---
 
     def refresh(self) -> int:
@@ -169,7 +175,12 @@ class RunIndex:
         suspect = frozenset(self.store.loc(*name.split("/")).path for name in quarantined)
         if not self._compact_tried and not self.seen:
             self._compact_tried = True
-            index_compact.load(self, {info.path: info for _, info in listing}, suspect)
+            listed = {info.path: info for _, info in listing}
+            found = index_compact.load(self.store, self.key_salt, listed, suspect)
+            if found is not None:
+                self.apply(found.state, listed)
+                self.reads["compact"] += 1
+                self.note_compact(found.number, found.data_digest, len(found.state.parts))
         new = [(kind, info) for kind, info in listing if info.path not in self.seen]
         if new:
             sidecars = {info.path for kind in KINDS for info in list_files(
@@ -185,7 +196,7 @@ class RunIndex:
                     self.reads[source] += 1
                     if summary is None:  # quarantined or gone: its rows are not done, and
                         continue         # a part written again under its name is new
-                    self._note_part(info)
+                    self._note_part(info.path, info.size, info.mtime)
                     sha256 = part_summary.checksum(summary)
                     if sha256:
                         self.checksums[info.path] = sha256
@@ -241,12 +252,47 @@ class RunIndex:
             logger.warning("cannot write sidecar %s (%s): rebuilt again next time", loc.uri, exc)
         return summary, "part"
 
-    def _note_part(self, info) -> None:
-        self.seen.add(info.path)
-        self.sizes[info.path] = info.size or 0
-        self.bytes_written += info.size or 0
-        if info.mtime is not None:
-            self.last_write_ts = max(self.last_write_ts, info.mtime.timestamp())
+    def _note_part(self, path: str, size: Optional[int], mtime) -> None:
+        self.seen.add(path)
+        self.sizes[path] = size or 0
+        self.bytes_written += size or 0
+        if mtime is not None:
+            self.last_write_ts = max(self.last_write_ts, mtime.timestamp())
+
+    # --- the state as one value (jobs/io/index_state.py) ---
+
+    def apply(self, state: IndexState, listing: Optional[Mapping[str, Any]] = None) -> None:
+        """Take ``state`` as this fresh index's own (nothing read yet): a compact
+        object's, decoded. ``listing``: part path -> FileInfo as listed now (each part's
+        size and time; a part not in it counts with its recorded size)."""
+        self.latest = state.latest
+        self.failed, self.reject_ids = state.failed, set(state.reject_ids)
+        self.part_paths = list(state.data_parts)
+        self.finishes, self.settings = list(state.finishes), list(state.settings)
+        self.first_budgets.update(state.first_budgets)
+        self.data_rows = state.data_rows
+        for path, size, sha256 in state.parts:
+            info = (listing or {}).get(path)
+            self._note_part(path, info.size if info is not None else size,
+                            info.mtime if info is not None else None)
+            if sha256:
+                self.checksums[path] = sha256
+
+    def state(self) -> IndexState:
+        """What this index holds, as one value (its arrays shared, not copied)."""
+        return IndexState(
+            latest=self.latest, failed=self.failed, reject_ids=self.reject_ids,
+            parts=[PartRecord(path, self.sizes[path], self.checksums.get(path, ""))
+                   for path in sorted(self.seen)],
+            data_parts=self.part_paths, finishes=self.finishes, settings=self.settings,
+            first_budgets=dict(self.first_budgets), data_rows=self.data_rows)
+
+    def note_compact(self, number: Optional[int], data_digest: str, covered: int) -> None:
+        """A compact object was read or written for this index: its number (None when
+        its stats object is not usable), the digest of its data parts, how many parts
+        it covers (jobs/io/index_compact.py)."""
+        self.compact_number, self.compact_data_digest = number, data_digest
+        self.compact_covered = covered
 
     def _codes(self, column: pa.ChunkedArray, vocab: list) -> np.ndarray:
         """A dictionary column as codes into ``vocab`` (extended with new values)."""
@@ -284,8 +330,7 @@ class RunIndex:
         """Fold rows into the per-key arrays, keeping each key's latest (LATEST_ORDER).
         New rows' part ids follow their paths' order, so within them the lexsort is the
         rule; against a held row the rare exact tie compares the part paths."""
-        order = np.lexsort((new["row"], new["part"], new["created_ms"], new["version"],
-                            new["digest"]))
+        order = np.lexsort([new[k] for k in reversed(LATEST_ARRAYS)] + [new["digest"]])
         for k in COLUMNS:  # column by column: one temporary copy at a time
             new[k] = new[k][order]
         del order
@@ -311,15 +356,13 @@ class RunIndex:
 
     def _newer(self, new: dict[str, np.ndarray], i_new: np.ndarray,
                i_old: np.ndarray) -> np.ndarray:
-        old = self.latest
-        nv, ov = new["version"][i_new], old["version"][i_old]
-        nc, oc = new["created_ms"][i_new], old["created_ms"][i_old]
-        wins = (nv > ov) | ((nv == ov) & (nc > oc))
-        for j in np.flatnonzero((nv == ov) & (nc == oc)):
-            a, b = i_new[j], i_old[j]
-            wins[j] = ((self.part_paths[new["part"][a]], new["row"][a])
-                       > (self.part_paths[old["part"][b]], old["row"][b]))
-        return wins
+        """later() of new rows i_new against held rows i_old (part ids compared by path)."""
+        def rule(rows: dict[str, np.ndarray], at: np.ndarray) -> list:
+            paths = self.part_paths
+            return [rows["version"][at], rows["created_ms"][at],
+                    lambda tied: np.array([paths[p] for p in rows["part"][at[tied]]], object),
+                    rows["row"][at]]
+        return later(rule(new, i_new), rule(self.latest, i_old))
 
     # --- answers ---
 
@@ -362,15 +405,25 @@ class RunIndex:
     def settings_of(self, rows: np.ndarray) -> list[Optional[str]]:
         return [self.settings[c] for c in self.latest["settings"][rows]]
 
+    def by_part(self, positions: Optional[np.ndarray] = None
+                ) -> Iterator[tuple[str, np.ndarray]]:
+        """(data part path, positions in the per-key arrays of the rows it holds, in row
+        order) per data part holding any of ``positions`` (default: every key's latest
+        row), in the order the index first read the parts."""
+        part, row = self.latest["part"], self.latest["row"]
+        if positions is None:
+            positions = np.lexsort((row, part))
+        else:
+            positions = positions[np.lexsort((row[positions], part[positions]))]
+        cuts = np.flatnonzero(np.diff(part[positions])) + 1
+        for group in np.split(positions, cuts):
+            if len(group):
+                yield self.part_paths[part[group[0]]], group
+
     def winners_by_part(self) -> dict[str, np.ndarray]:
         """data part path -> positions of its rows that are a key's latest, ascending,
         for the parts holding any (in path order)."""
-        part, row = self.latest["part"], self.latest["row"]
-        order = np.lexsort((row, part))
-        part, row = part[order], row[order]
-        cuts = np.flatnonzero(np.diff(part)) + 1
-        groups = {self.part_paths[g[0]]: r for g, r in zip(np.split(part, cuts),
-                                                            np.split(row, cuts)) if len(g)}
+        groups = {path: self.latest["row"][at] for path, at in self.by_part()}
         return dict(sorted(groups.items()))
 
     def latest_stats(self, columns: list[str], hold: bool = False

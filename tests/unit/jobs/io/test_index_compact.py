@@ -20,6 +20,7 @@ from jobs.io.part_summary import SERVED
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RUN_FILE, RunStore
 from jobs.io.schema import DATA
+from jobs.io.storage import list_files
 from tests.support.run_rows import failure_row, make_row, reject_row, write_rows
 
 
@@ -140,6 +141,20 @@ def test_an_older_object_serves_when_the_newest_is_unusable(store, monkeypatch, 
     assert "00000002.arrow not used (unreadable" in caplog.text
     assert index.reads == {"compact": 1, "sidecar": 4} and len(reads) == 4
     assert picture(index) == picture(from_sidecars(store, monkeypatch))
+
+
+def test_the_state_an_index_gives_is_what_another_applies_and_answers_the_same(
+        store, monkeypatch):
+    """What a compact object encodes and decodes (RunIndex.state / apply), without the
+    object: the second index answers everything the first does."""
+    fill(store, "a")
+    fill(store, "b", 30)
+    index = from_sidecars(store, monkeypatch)
+    listing = {i.path: i for kind in ("data", "failures", "rejects")
+               for i in list_files(store.loc(kind), ".parquet")}
+    other = RunIndex(store)
+    other.apply(index.state(), listing)
+    assert picture(other) == picture(index)
 
 
 def test_a_truncated_or_unknown_format_object_is_ignored_with_a_warning(store, monkeypatch,

@@ -97,6 +97,35 @@ def test_incremental_refresh_applies_the_same_rule_as_a_fresh_open(store):
         {p: r.tolist() for p, r in fresh.winners_by_part().items()}
 
 
+def test_later_compares_column_by_column_and_builds_a_costly_one_for_exact_ties_only():
+    asked = []
+
+    def paths(names):
+        def column(tied):
+            asked.append(tied.tolist())
+            return np.array([names[i] for i in tied], object)
+        return column
+    a = [[2, 1, 1, 1, 1], [0, 9, 5, 5, 5], paths("zzbaa"), [0, 0, 0, 0, 3]]
+    b = [[1, 1, 1, 1, 1], [9, 5, 5, 5, 5], paths("aaabb"), [9, 9, 9, 0, 1]]
+    assert run_index.later(a, b).tolist() == [True, True, True, False, False]
+    assert asked == [[2, 3, 4], [2, 3, 4]]  # rows 0 and 1 were decided before the paths
+    # a prefix of the rule (the export journal's version, created_at): equal is not later
+    assert run_index.later(a[:2], b[:2]).tolist() == [True, True, False, False, False]
+
+
+def test_by_part_groups_any_positions_by_the_part_holding_them_in_row_order(store):
+    a = write(store, "data", [make_row(k) for k in ("a0", "a1", "a2")])
+    b = write(store, "data", [make_row(k) for k in ("b0", "b1")])
+    index = RunIndex.open(store)
+    at = {k: int(np.searchsorted(index.done, np.uint64(key_digest(k))))
+          for k in ("a0", "a1", "a2", "b0", "b1")}
+    picked = np.array([at["b1"], at["a2"], at["a0"]])
+    assert {p: g.tolist() for p, g in index.by_part(picked)} == {
+        a: [at["a0"], at["a2"]], b: [at["b1"]]}
+    assert {p: r.tolist() for p, r in index.winners_by_part().items()} == {
+        a: [0, 1, 2], b: [0, 1]}
+
+
 def test_latest_rows_of_a_frame_is_the_same_rule():
     df = pa.Table.from_pylist([make_row("a", 1, created_at=T0),
                                make_row("a", 1, created_at=T0 + dt.timedelta(seconds=1),

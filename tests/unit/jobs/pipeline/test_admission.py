@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.pipeline import admission
-from jobs.io.run_index import RunIndex
 from jobs.pipeline.admission import (AdmissionTable, admit_batch, admit_inputs,
                             describe_changes, digests_of, key_digest)
 from jobs.config import StorageConfig
 from jobs.io.sources import ordinal_of
 from jobs.io.storage import locate
 from jobs.pipeline.validate import parse_row, validate_batch
+from tests.support.held_index import holding
 
 STORAGE = StorageConfig()
 
@@ -36,7 +36,7 @@ def write(path, lines) -> str:
 
 def run_pass(paths, prior=None, retry_failed=False, limit=None):
     written = []
-    result = admit_inputs([locate(p, STORAGE) for p in paths], prior or RunIndex.holding({}),
+    result = admit_inputs([locate(p, STORAGE) for p in paths], prior or holding({}),
                           retry_failed, written.extend, limit)
     return result, written
 
@@ -78,7 +78,7 @@ def test_the_pass_is_pure_so_a_rerun_gives_the_same_verdicts(tmp_path):
 
 def test_done_and_failed_rows_skip_retry_failed_sends_only_open_failures(tmp_path):
     a = write(tmp_path / "a.jsonl", [line("d"), line("f"), line("n"), line("g")])
-    prior = RunIndex.holding({"d": None, "g": None}, ["f", "g"], [])
+    prior = holding({"d": None, "g": None}, ["f", "g"], [])
     plain, _ = run_pass([a], prior)
     assert chosen(plain, [a]) == {(a, 3)}
     retry, _ = run_pass([a], prior, retry_failed=True)
@@ -88,7 +88,7 @@ def test_done_and_failed_rows_skip_retry_failed_sends_only_open_failures(tmp_pat
 def test_known_rejects_are_not_written_again_even_after_an_inserted_line(tmp_path):
     a = write(tmp_path / "a.jsonl", [line("k1"), "{bad", line("k1"), line("k2")])
     first, written = run_pass([a])
-    prior = RunIndex.holding({"k1": None}, [], [r["reject_id"] for r in written])
+    prior = holding({"k1": None}, [], [r["reject_id"] for r in written])
     # the operator inserts a line at the top: every line number moves
     write(tmp_path / "a.jsonl", [line("new"), line("k1"), "{bad", line("k1"), line("k2")])
     second, again = run_pass([a], prior)
@@ -107,7 +107,7 @@ def test_renamed_input_is_reported_and_changes_nothing(tmp_path):
     a = write(tmp_path / "a.jsonl", lines)
     first, _ = run_pass([a])
     b = write(tmp_path / "b.jsonl", lines)
-    second, _ = run_pass([b], RunIndex.holding({"k1": None, "k2": None}, [], []))
+    second, _ = run_pass([b], holding({"k1": None, "k2": None}, [], []))
     assert len(second.table) == 0
     notes = describe_changes(second, first.fingerprints)
     assert any(f"{b} has the content of {a} (renamed or moved)" in n for n in notes), notes
@@ -118,7 +118,7 @@ def test_edited_prompt_under_a_done_id_is_reported(tmp_path):
     before = {k: parse_row(x)["prompt_hash"] for k, x in (("k1", line("k1", "old")),
                                                            ("k2", line("k2")))}
     write(tmp_path / "a.jsonl", [line("k1", "new text"), line("k3")])
-    result, _ = run_pass([a], RunIndex.holding(before, [], []))
+    result, _ = run_pass([a], holding(before, [], []))
     assert result.edited == 1 and result.edited_examples == ["k1"]
     assert result.removed == 1  # k2 is gone from the input
     notes = "\n".join(describe_changes(result, [{"uri": a, "rows": 2, "sha256": "x"}]))
@@ -229,7 +229,7 @@ def test_duplicates_of_held_keys_get_the_same_verdicts_as_on_a_fresh_run(tmp_pat
                                      line("h2"), line("n1")])
     b = write(tmp_path / "b.jsonl", [line("h1"), line("n2"), line("h2")])
     fresh, fresh_rejects = run_pass([a, b])
-    prior = RunIndex.holding({"h1": None, "h2": None, "gone": None}, [], [])
+    prior = holding({"h1": None, "h2": None, "gone": None}, [], [])
     held, held_rejects = run_pass([a, b], prior)
     assert chosen(held, [a, b]) == {(a, 2), (b, 2)}  # n1, n2: the held keys are skipped
     assert chosen(fresh, [a, b]) == {(a, 1), (a, 2), (a, 4), (b, 2)}
@@ -244,5 +244,5 @@ def test_duplicates_of_held_keys_get_the_same_verdicts_as_on_a_fresh_run(tmp_pat
 def test_an_edited_prompt_is_reported_once_even_when_its_id_repeats(tmp_path):
     a = write(tmp_path / "a.jsonl", [line("h", "new text"), line("h", "new text")])
     stored = parse_row(line("h", "old text"))["prompt_hash"]
-    result, rejects = run_pass([a], RunIndex.holding({"h": stored}, [], []))
+    result, rejects = run_pass([a], holding({"h": stored}, [], []))
     assert result.edited == 1 and len(rejects) == 1 and len(result.table) == 0

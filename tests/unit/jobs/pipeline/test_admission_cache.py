@@ -20,6 +20,7 @@ from jobs.io.storage import locate
 from jobs.pipeline import admission, admission_cache
 from jobs.pipeline.admission import admit_inputs
 from jobs.runs import plans
+from tests.support.held_index import holding
 
 STORAGE = StorageConfig()
 
@@ -65,7 +66,7 @@ def first_pass(store, inputs, limit=None) -> admission.Admission:
 def index_later(result, store, rng: random.Random) -> RunIndex:
     """What the run holds a session later: some input keys done, some failed, the rejects
     written, and a key from outside the input."""
-    index = RunIndex.holding({})
+    index = holding({})
     digests = result.input_keys[0]
     done = digests[[rng.random() < 0.4 for _ in digests]]
     failed = digests[[rng.random() < 0.2 for _ in digests]]
@@ -137,7 +138,7 @@ def test_a_grown_file_whose_old_bytes_changed_runs_a_whole_pass(tmp_path, caplog
     lines = prompt_lines(random.Random(5), 60)
     store, inputs = setup_run(tmp_path, lines)
     result = first_pass(store, inputs)
-    index = RunIndex.holding({}, reject_ids=result.reject_ids)
+    index = holding({}, reject_ids=result.reject_ids)
     index.store = store
     first = next(i for i, x in enumerate(lines) if '"q' in x)
     edited = list(lines)
@@ -166,7 +167,7 @@ def test_the_plan_records_the_pass_and_the_next_session_reads_nothing(tmp_path, 
     first = plans.admit(cfg, store, inputs, RunIndex.open(store), False, lambda p: None)
     assert first.input_keys is None  # recorded, then let go: not held all session
     # the next session, every reject of the first one written (as its build() does)
-    index = RunIndex.holding({}, reject_ids=first_rejects(first, store, inputs))
+    index = holding({}, reject_ids=first_rejects(first, store, inputs))
     index.store = store
     with caplog.at_level(logging.INFO, logger="raygen"):
         again = plans.admit(cfg, store, inputs, index, False, lambda p: None)
@@ -202,7 +203,7 @@ def test_anything_that_could_change_a_verdict_runs_the_pass(tmp_path, change):
     store, inputs = setup_run(tmp_path, prompt_lines(random.Random(1), 50))
     result = first_pass(store, inputs)
     change(store, inputs)
-    index = RunIndex.holding({}, reject_ids=result.reject_ids)
+    index = holding({}, reject_ids=result.reject_ids)
     index.store = store
     assert admission_cache.load(store, inputs, None, sources.MAX_LINE_BYTES, index) is None
 
@@ -211,7 +212,7 @@ def test_another_limit_line_cap_file_list_or_raygen_version_runs_the_pass(tmp_pa
                                                                         monkeypatch):
     store, inputs = setup_run(tmp_path, prompt_lines(random.Random(2), 50))
     result = first_pass(store, inputs)
-    index = RunIndex.holding({}, reject_ids=result.reject_ids)
+    index = holding({}, reject_ids=result.reject_ids)
     index.store = store
 
     def load(files=inputs, limit=None, cap=sources.MAX_LINE_BYTES):
@@ -231,7 +232,7 @@ def test_rejects_not_yet_written_run_the_pass(tmp_path):
     store, inputs = setup_run(tmp_path, prompt_lines(random.Random(3), 80))
     result = first_pass(store, inputs)
     assert result.reject_ids
-    index = RunIndex.holding({}, reject_ids=result.reject_ids[1:])
+    index = holding({}, reject_ids=result.reject_ids[1:])
     index.store = store
     assert admission_cache.load(store, inputs, None, sources.MAX_LINE_BYTES, index) is None
 
@@ -244,7 +245,7 @@ def test_a_damaged_record_runs_the_pass_with_a_warning(tmp_path, caplog):
         f.truncate(os.path.getsize(loc.path) // 2)
     with caplog.at_level(logging.WARNING, logger="raygen"):
         assert admission_cache.load(store, inputs, None, sources.MAX_LINE_BYTES,
-                                    RunIndex.holding({})) is None
+                                    holding({})) is None
     assert "keys.arrow is unreadable" in caplog.text
 
 
@@ -252,7 +253,7 @@ def test_an_input_with_too_many_rejects_is_not_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(admission_cache, "MAX_REJECT_IDS", 1)
     store, inputs = setup_run(tmp_path, ["{bad", "{bad too", json.dumps(
         {"id": "a", "messages": [{"role": "user", "content": "q"}]})])
-    result = admit_inputs(inputs, RunIndex.holding({}), False, lambda p: None,
+    result = admit_inputs(inputs, holding({}), False, lambda p: None,
                           keep_keys=True)
     assert not admission_cache.save(store, inputs, None, sources.MAX_LINE_BYTES, result)
     assert not os.path.exists(store.loc(*admission_cache.NAME).path)

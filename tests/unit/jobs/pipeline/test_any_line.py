@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from jobs.config import StorageConfig, parse_config
 from jobs.io.sources import _blocks, iter_jsonl_lines
 from jobs.io.storage import locate
-from jobs.io.run_index import RunIndex
 from jobs.pipeline.admission import admit_inputs
 from jobs.pipeline.settings import RunMode
 from jobs.pipeline.validate import MAX_DEPTH, RowError, parse_row, validate_batch
+from tests.support.held_index import holding
 
 STORAGE = StorageConfig()
 GOOD = {"id": "q1", "messages": [{"role": "user", "content": "Why is the sky blue? 🌤"}]}
@@ -68,7 +68,7 @@ HOSTILE = {
 
 def admit(path: Path, max_line_bytes: int = 8192):
     rejects: list[dict] = []
-    result = admit_inputs([locate(str(path), STORAGE)], RunIndex.holding({}), False, rejects.extend,
+    result = admit_inputs([locate(str(path), STORAGE)], holding({}), False, rejects.extend,
                           max_line_bytes=max_line_bytes)
     return result, rejects
 

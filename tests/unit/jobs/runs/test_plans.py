@@ -16,6 +16,7 @@ from jobs.runs import plans
 from jobs.runs.errors import RunError
 from jobs.io.run_index import RunIndex
 from jobs.runs.plans import input_locations
+from tests.support.held_index import holding
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -98,6 +99,6 @@ def test_admission_and_the_plans_read_the_run_index_itself():
     import jobs.pipeline.admission as admission
     import jobs.runs.run as run
     assert not hasattr(admission, "PriorRun") and not hasattr(run, "RunState")
-    index = RunIndex.holding({"a": None, "b": "sha256:x"}, failed=["a", "f"], reject_ids=["r"])
+    index = holding({"a": None, "b": "sha256:x"}, failed=["a", "f"], reject_ids=["r"])
     assert len(index.done) == 2 and len(index.open_failed()) == 1  # "a" is done since
     assert index.reject_ids == {"r"}

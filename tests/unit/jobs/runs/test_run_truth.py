@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.io.run_index import RunIndex
 from jobs.config import parse_config
 from jobs.pipeline.settings import StageSettings
 from jobs.runs.plans import check_settings
 from jobs.runs.run import RunError, local_output_problem, verdict
+from tests.support.held_index import holding
 
 BASE = {"engine": {"kind": "simulator", "model_path": "sim-m", "context_length": 16384},
         "job": {"input": "p.jsonl", "output": "/tmp/o", "run_name": "r",
@@ -42,11 +42,11 @@ def test_settings_hash_ignores_throughput_settings():
 
 def test_rows_of_the_older_hash_are_refused_with_a_clear_message():
     stage = StageSettings.of(parse_config(BASE))
-    index = RunIndex.holding({})
+    index = holding({})
     index.first_budgets.update({(stage.legacy_settings_hash, 4096): 12})
     with pytest.raises(RunError, match="older raygen.*12 rows|12 rows from an older raygen"):
         check_settings(index, stage.settings_hash, 4096, "r", stage.legacy_settings_hash)
-    same = RunIndex.holding({})
+    same = holding({})
     same.first_budgets.update({(stage.settings_hash, 4096): 3})
     check_settings(same, stage.settings_hash, 4096, "r", stage.legacy_settings_hash)  # ok
 
