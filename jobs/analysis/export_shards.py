@@ -22,7 +22,7 @@ from jobs.analysis import extra_columns, token_yield
 from jobs.analysis.template_check import TemplateCheck
 from jobs.pipeline import turns as every_turn
 from contract.integrity import integrity_flags
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import PROVENANCE_FILE, RunStore
 from jobs.io.storage import Location, delete_file, list_files, locate, write_bytes_atomic
 
 FORMATS = ("pretokenized", "conversations", "messages")
@@ -292,7 +292,7 @@ class ExportPass:
             "extra_columns": list(self.extras),
             "template_check": self.template.report() if self.template is not None else None,
             "token_yield": self.yields.result() if self.yields is not None else None,
-            "provenance": store.read_json("provenance.json"),  # jobs/runs/provenance.py
+            "provenance": store.read_json(PROVENANCE_FILE),  # jobs/runs/provenance.py
         }
 
 

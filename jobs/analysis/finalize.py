@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.io.run_index import RunIndex, read_latest
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import PROVENANCE_FILE, RunStore
 from jobs.io.schema import DATA
 from jobs.io.storage import delete_file, list_files, write_bytes_atomic, write_json_atomic
 
@@ -156,7 +156,7 @@ def build_manifest(store: RunStore, picks: Picks, written: Written,
         "source_data_files": picks.data_files, "source_data_rows": picks.data_rows,
         **{name: dict(sorted(counts.items())) for name, counts in written.tallies.items()},
         "open_failures": picks.open_failures,
-        "provenance": store.read_json("provenance.json"),  # jobs/runs/provenance.py
+        "provenance": store.read_json(PROVENANCE_FILE),  # jobs/runs/provenance.py
     }
 
 

@@ -17,10 +17,10 @@ import posixpath
 import re
 from typing import Any
 
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import CONDEMNED, RunStore
 from jobs.io.storage import list_files, read_json, write_json_atomic
 
-FOLDER = "condemned"
+FOLDER = CONDEMNED
 FORMAT = 1
 READABLE_FORMATS = (1,)
 

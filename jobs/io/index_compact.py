@@ -52,6 +52,7 @@ import pyarrow as pa
 from jobs.io import part_summary
 from jobs.io.digests import salt_id
 from jobs.io.index_state import COLUMNS, IndexState, PartRecord
+from jobs.io.run_store import COMPACT
 from jobs.io.schema import DATA
 from jobs.io.s3_retry import RetryingInputFile
 from jobs.io.storage import (Location, delete_file, is_local, list_files, read_bytes,
@@ -60,7 +61,7 @@ from jobs.io.storage import (Location, delete_file, is_local, list_files, read_b
 logger = logging.getLogger("raygen")
 FORMAT = "1"
 READABLE_FORMATS = ("1",)
-FOLDER = ("index", "compact")
+FOLDER = COMPACT
 SUFFIX = ".arrow"
 STATS_SUFFIX = ".stats.arrow"   # not a number's stem: listed() skips it
 STATS_FORMAT = "2"   # 2: with integrity_flags (part_summary format 5)

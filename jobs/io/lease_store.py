@@ -24,9 +24,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from jobs.io.run_store import LEASE_FILE
 from jobs.io.storage import Location, is_local, write_local_durably
-
-LEASE_FILE = "lease.json"
 
 
 class LeaseConflict(Exception):

@@ -1,7 +1,12 @@
-"""A run's prefix on storage, the single source of truth about the run.
+"""A run's prefix on storage, the single source of truth about the run: every file a run
+holds is listed here, with the module that writes it; the names below are the ones
+those modules use. Formats and their versions: docs/run-layout.md.
 
     <output>/<run>/run.json                 the run's format and its key-digest salt
                                             (written once, by the first session)
+    <output>/<run>/lease.json               who holds the run: one job at a time, renewed
+                                            and taken over when stale (local runs: beside
+                                            it .lease.json.lock; jobs/io/lease_store.py)
     <output>/<run>/data/part-*.parquet      completions (every version of a row)
     <output>/<run>/failures/part-*.parquet  rows that failed after retries
     <output>/<run>/rejects/part-*.parquet   invalid input rows, with line and reason
@@ -11,9 +16,25 @@
     <output>/<run>/index/compact/<n>.arrow  the run index as one object, written by a
                                             session's lease holder at its end (newest
                                             two kept; jobs/io/index_compact.py)
+    <output>/<run>/index/compact/<n>.stats.arrow  beside each: the report's per-row
+                                            statistics of every key's latest row then
+    <output>/<run>/inputs.json              each input file's fingerprint as the last
+                                            admission pass read it: uri, size, rows,
+                                            sha256 (jobs/pipeline/input_fingerprints.py)
+    <output>/<run>/admission/keys.arrow     what that pass found in the input alone, for
+                                            the next session to go on from
+                                            (jobs/pipeline/admission_cache.py)
+    <output>/<run>/provenance.json          what produced the rows: model files, engine,
+                                            argv, sampling, raygen's version, inputs; per
+                                            session (jobs/runs/provenance.py)
+    <output>/<run>/condemned/<replica>.json the keys a drained replica condemned
+                                            (jobs/io/condemned.py)
     <output>/<run>/progress.json            counts derived from the files above
-    <output>/<run>/report.{md,json,png}     end-of-run report
-    <output>/<run>/final/                   one row per prompt + manifest (finalize)
+                                            (jobs/runs/progress.py)
+    <output>/<run>/context_check.json       --check-context's counts (jobs/runs/context_check.py)
+    <output>/<run>/report.{md,json}, report_lengths.png   end-of-run report
+                                            (jobs/analysis/report.py)
+    <output>/<run>/final/                   one row per prompt + manifest.json (finalize)
     <output>/<run>/quarantine/<kind>/       damaged parts moved aside, each with a
                                             <part>.reason.json saying why
 
@@ -54,8 +75,15 @@ from jobs.io.storage import (Location, is_local, list_files, locate, put_verifie
                              read_whole, write_bytes_atomic, write_json_atomic)
 
 logger = logging.getLogger("raygen")
-QUARANTINE = "quarantine"
+# Names of a run's files and folders (the layout above), for the modules that own them.
 RUN_FILE = "run.json"
+LEASE_FILE = "lease.json"                    # jobs/io/lease_store.py
+INPUTS_FILE = "inputs.json"                  # jobs/pipeline/input_fingerprints.py
+ADMISSION_KEYS = ("admission", "keys.arrow")  # jobs/pipeline/admission_cache.py
+PROVENANCE_FILE = "provenance.json"          # jobs/runs/provenance.py
+CONDEMNED = "condemned"                      # jobs/io/condemned.py
+COMPACT = (part_summary.INDEX, "compact")    # jobs/io/index_compact.py
+QUARANTINE = "quarantine"
 # 3: run.json exists, key digests salted per run. A run without run.json (made before it)
 # is format 2: unsalted digests; its first session under this version records that.
 RUN_FORMAT = 3

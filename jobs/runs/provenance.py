@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from contract.redact import MASK, is_secret_name, mask_argv, mask_text
 from jobs.config import RunConfig
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import INPUTS_FILE, PROVENANCE_FILE, RunStore
 from jobs.io.storage import write_json_atomic
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("raygen")
 
-FILE = "provenance.json"
+FILE = PROVENANCE_FILE
 FORMAT = 1
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -220,7 +220,7 @@ def build(cfg: RunConfig, store: RunStore, mode: "RunMode",
         "engine": {"kind": engine.kind, "config_hash": engine.config_hash(),
                    "version": info.get("version"), "argv": engine_argv(engine),
                    "server_info": info},
-        "inputs": (store.read_json("inputs.json") or {}).get("files", []),
+        "inputs": (store.read_json(INPUTS_FILE) or {}).get("files", []),
     }
     record["fingerprint"] = fingerprint(record)
     return record

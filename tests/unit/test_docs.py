@@ -1,5 +1,6 @@
 """Docs that must match the code: the output schema (docs/rows-and-schema.md), the config
-reference, the commands the README and docs/ name, and the links between them."""
+reference, the commands the README and docs/ name, the links between them, and a run's
+layout and format versions (docs/run-layout.md, jobs/io/run_store.py)."""
 
 import re
 from pathlib import Path
@@ -7,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from jobs import config_doc, generate
-from jobs.io.schema import DATA
+from jobs.analysis import export_journal
+from jobs.io import condemned, index_compact, part_summary, run_store
+from jobs.io.schema import DATA, KINDS, LATER_COLUMNS
+from jobs.pipeline import admission_cache
+from jobs.runs import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 # The README and the docs its sections moved to (issue 38): read as one for commands.
@@ -73,3 +78,58 @@ def test_the_readme_and_the_docs_link_to_what_exists():
     assert not problems, "\n".join(problems)
     for doc in sorted((ROOT / "docs").glob("*.md")):
         assert f"](docs/{doc.name})" in readme, doc.name
+
+
+def _table_rows(text: str, heading: str) -> dict[str, list[str]]:
+    """The body of the first table under ``heading``: first cell (backticks dropped) ->
+    the others."""
+    lines = text.split(f"## {heading}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    rows = {}
+    for line in table[2:]:  # after the header and its |---| line
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].replace("`", "")] = cells[1:]
+    return rows
+
+
+def test_the_formats_table_has_the_versions_the_code_writes_and_reads():
+    versions = {  # file -> (the version written, the versions read)
+        "run.json": (run_store.RUN_FORMAT, run_store.READABLE_RUN_FORMATS),
+        "index/<kind>/part-*.arrow": (part_summary.FORMAT, part_summary.READABLE_FORMATS),
+        "index/compact/<n>.arrow": (index_compact.FORMAT, index_compact.READABLE_FORMATS),
+        "index/compact/<n>.stats.arrow": (index_compact.STATS_FORMAT,
+                                          (index_compact.STATS_FORMAT,)),
+        "admission/keys.arrow": (admission_cache.FORMAT, (admission_cache.FORMAT,)),
+        "condemned/<replica>.json": (condemned.FORMAT, condemned.READABLE_FORMATS),
+        "provenance.json": (provenance.FORMAT, (provenance.FORMAT,)),
+        "OUT/batch-*.manifest (incremental export)": (export_journal.JOURNAL_FORMAT,
+                                                      (export_journal.JOURNAL_FORMAT,)),
+    }
+    rows = _table_rows((ROOT / "docs" / "run-layout.md").read_text(),
+                       "Formats and their versions")
+    documented = {name: (cells[1], cells[2]) for name, cells in rows.items()
+                  if name in versions}
+    assert documented == {name: (str(w), ", ".join(map(str, r)))
+                          for name, (w, r) in versions.items()}
+    parts = rows["data/, failures/, rejects/ parts"][3]
+    assert set(re.findall(r"`(\w+)`", parts)) == LATER_COLUMNS
+    assert len(rows) == len(versions) + 1  # a new versioned file needs its line above
+
+
+def test_the_layout_names_every_file_and_folder_of_a_run():
+    names = [run_store.RUN_FILE, run_store.LEASE_FILE, run_store.INPUTS_FILE,
+             "/".join(run_store.ADMISSION_KEYS), run_store.PROVENANCE_FILE,
+             run_store.CONDEMNED + "/", "/".join(run_store.COMPACT) + "/<n>.arrow",
+             "/".join(run_store.COMPACT) + "/<n>.stats.arrow", part_summary.INDEX + "/<kind>/",
+             run_store.QUARANTINE + "/<kind>/", "progress.json", "context_check.json",
+             "final/", *(f"{kind}/part-*.parquet" for kind in KINDS)]
+    layout = _table_rows((ROOT / "docs" / "run-layout.md").read_text(), "Layout")
+    source = run_store.__doc__
+    for name in names:
+        assert name in source, f"jobs/io/run_store.py's layout lacks {name}"
+        assert any(name in row for row in layout), f"docs/run-layout.md lacks {name}"
