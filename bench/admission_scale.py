@@ -33,8 +33,9 @@ import numpy as np
 
 from jobs.io.index_state import COLUMNS, IndexState
 from jobs.io.run_index import RunIndex
-from jobs.pipeline.admission import (CHUNK_ROWS, AdmissionTable, SeenKeys, admit_inputs,
-                            digests_of, reject_writer)
+from jobs.pipeline.admission import CHUNK_ROWS, admit_inputs, digests_of, reject_writer
+from jobs.pipeline.admission_table import AdmissionTable
+from jobs.pipeline.seen_keys import SeenKeys
 
 
 def done_index(store, digests: np.ndarray, reject_ids: list[str]) -> RunIndex:

@@ -34,9 +34,8 @@ from jobs.io.run_store import RunStore, part_name
 from jobs.io.schema import DATA, TIMESTAMP, TURN
 from jobs.io.run_index import RunIndex, row_ids
 from jobs.io.sources import MAX_LINE_BYTES
-from jobs.io.storage import (list_files, locate, put_verified, read_bytes,
-                             write_json_atomic)
-from jobs.pipeline import admission_cache
+from jobs.io.storage import list_files, locate, put_verified, read_bytes
+from jobs.pipeline import admission_cache, input_fingerprints
 from jobs.pipeline.admission import admit_inputs
 from jobs.pipeline.validate import canonical_json, prompt_key
 
@@ -145,7 +144,7 @@ def recorded_input(work_dir: Path, run: Path, held: int) -> Path:
     admission = admit_inputs(inputs, RunIndex.open(store), False, lambda rejects: None,
                              keep_keys=True)
     assert len(admission.table) == 0, "the pre-filled run holds every prompt of its input"
-    write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
+    input_fingerprints.record(store, admission.fingerprints)
     assert admission_cache.save(store, inputs, None, MAX_LINE_BYTES, admission)
     return path
 

@@ -1,4 +1,5 @@
-"""Admission: which input rows this run still has to generate (stage 3 of the job).
+"""Admission: the driver's one pass over the input, deciding which input rows this run
+still has to generate.
 
 One streaming pass by the driver, before any engine work, decides every row's fate
 as a pure function of the input files and the run's own files, so whatever Ray
@@ -8,24 +9,24 @@ verdict the second time:
 - invalid rows and later occurrences of a key are rejects, final here: the driver
   writes the new ones to rejects/ (identified by content, ``reject_id``, never by line);
 - of the valid rows, the FIRST occurrence of each key in input order (``job.input``
-  file order, then line) is the one that counts; it goes on unless data/ already holds
-  its key, or failures/ does (then only ``--retry-failed`` sends it);
-- the result is an :class:`AdmissionTable` (sorted 8-byte key digests + the ordinal of
-  the chosen occurrence), put in the object store once; the Ray Data admit stage
-  (:func:`admit_batch`) is a stateless filter over it. No actor, nothing counted twice,
-  nothing to lose when a worker dies.
+  file order, then line) is the one that counts (the keys met so far:
+  jobs/pipeline/seen_keys.py); it goes on unless data/ already holds its key, or
+  failures/ does (then only ``--retry-failed`` sends it);
+- the result is an ``AdmissionTable`` (jobs/pipeline/admission_table.py: sorted 8-byte
+  key digests + the ordinal of the chosen occurrence), put in the object store once;
+  the Ray Data admit stage (jobs/pipeline/admit_stage.py) is a stateless filter over it;
+- on the way each input file is fingerprinted (jobs/pipeline/input_fingerprints.py:
+  <run>/inputs.json, and what changed since the last session).
 
 With ``job.samples_per_prompt`` n > 1 the pass itself is the same (keys, duplicates and
 rejects are properties of input rows, not samples); at its end each valid key is
 expanded into its n identities (jobs/io/samples.py: (key, sample) digests), each decided
-alone against the run (done, open failure), and the table holds the identities to send;
-the admit stage turns each admitted input row into one row per admitted sample, with
-its ``sample`` and ``seed``, the samples of a prompt next to each other.
+alone against the run (done, open failure), and the table holds the identities to send.
 
-Digests are jobs/io/digests.py's with the run's salt (the run index holds the same; the
-table carries the salt to the admit stage's workers): 16 bytes of table per
-admitted key. Two different keys share a digest with probability ~n^2/2^65 (3e-6 at 10M keys); the later
-one would then be rejected as a duplicate naming the other's line, never lost silently.
+Digests are jobs/io/digests.py's with the run's salt (the run index holds the same).
+Two different keys share a digest with probability ~n^2/2^65 (3e-6 at 10M keys); the
+later one would then be rejected as a duplicate naming the other's line, never lost
+silently.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ import numpy as np
 import pyarrow as pa
 
 from jobs.io.digests import digests_of, key_digest, sorted_contains
-from jobs.io.samples import sample_digests, sample_seed
+from jobs.io.samples import sample_digests
 from jobs.io.run_index import RunIndex
 from jobs.io.schema import REJECTS
 from jobs.io.sources import MAX_LINE_BYTES, ORDINAL_SHIFT, iter_rows, ordinal_of, place_of_ordinal
 from jobs.io.storage import Location, file_info
+from jobs.pipeline import input_fingerprints
+from jobs.pipeline.admission_table import AdmissionTable
+from jobs.pipeline.seen_keys import SeenKeys
 from jobs.pipeline.validate import RowError, parse_row
 
 logger = logging.getLogger("raygen")
@@ -52,87 +56,6 @@ CHUNK_ROWS = 16384          # rows checked against the seen keys at a time
 REJECT_PART_ROWS = 2000     # rejects per part file the driver writes
 EXAMPLES = 5
 RAW_KEPT = 2000             # characters of a rejected line kept in rejects/
-
-
-@dataclass
-class AdmissionTable:
-    """The rows to generate: sorted key digests (identity digests of (key, sample) when
-    ``samples`` > 1) and the ordinal of each key's chosen row."""
-
-    digests: np.ndarray   # uint64, sorted, unique
-    ordinals: np.ndarray  # int64, aligned with digests
-    salt: bytes = b""     # of the digests: the run's (jobs/io/digests.py)
-    samples: int = 1      # job.samples_per_prompt: the admit stage expands rows into these
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.digests.nbytes + self.ordinals.nbytes)
-
-    def __len__(self) -> int:
-        return len(self.digests)
-
-    def admits(self, digests: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
-        if not len(self.digests):  # a resume with nothing left to do
-            return np.zeros(len(digests), bool)
-        found, pos = sorted_contains(self.digests, digests)
-        return found & (self.ordinals[pos] == ordinals)
-
-
-class SeenKeys:
-    """First occurrence of every valid key so far: digest, ordinal, occurrence count.
-
-    Kept as a few sorted runs whose sizes at least double from newest to oldest (merged
-    like a binary counter), so adding n keys in chunks costs O(n log n) in total, not
-    the O(n^2) of inserting every chunk into one sorted array (157 s at 10M keys)."""
-
-    def __init__(self) -> None:
-        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-    @property
-    def nbytes(self) -> int:
-        return int(sum(d.nbytes + o.nbytes + c.nbytes for d, o, c in self.runs))
-
-    def contains(self, digests: np.ndarray) -> np.ndarray:
-        found = np.zeros(len(digests), bool)
-        for run, _, _ in self.runs:
-            found |= sorted_contains(run, digests)[0]
-        return found
-
-    def add_new(self, digests: np.ndarray, ordinals: np.ndarray) -> None:
-        """Add keys not seen before (unique, any order)."""
-        run = _sorted_run(digests, ordinals, np.ones(len(digests), np.uint32))
-        while self.runs and len(self.runs[-1][0]) <= 2 * len(run[0]):
-            older = self.runs.pop()
-            run = _sorted_run(*(np.concatenate([a, b]) for a, b in zip(older, run)))
-        self.runs.append(run)
-
-    def bump(self, digest: int) -> tuple[int, int]:
-        """Count one more occurrence of a seen key: (its rank, first ordinal)."""
-        needle = np.array([digest], np.uint64)
-        for run, ordinals, counts in self.runs:
-            found, pos = sorted_contains(run, needle)
-            if found[0]:
-                counts[pos[0]] += 1
-                return int(counts[pos[0]]), int(ordinals[pos[0]])
-        raise KeyError(digest)
-
-    def merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(sorted digests, their first ordinals, occurrence counts) of every key seen."""
-        if not self.runs:
-            return np.empty(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.uint32)
-        return _sorted_run(*(np.concatenate(cols) for cols in zip(*self.runs)))
-
-    def add_counted(self, digests: np.ndarray, ordinals: np.ndarray,
-                    counts: np.ndarray) -> None:
-        """Add keys not seen before with their occurrence counts so far (a recorded pass)."""
-        if len(digests):
-            self.runs.insert(0, _sorted_run(digests, ordinals, counts.astype(np.uint32)))
-
-
-def _sorted_run(digests: np.ndarray, ordinals: np.ndarray,
-                counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    order = np.argsort(digests, kind="stable")  # radix sort for uint64: O(n)
-    return digests[order], ordinals[order], counts[order]
 
 
 @dataclass
@@ -181,32 +104,6 @@ class Recorded:
 
 class PrefixChanged(Exception):
     """A grown input's old bytes changed: the recorded pass does not hold (run a pass)."""
-
-
-class _Fingerprint:
-    """sha256 of a file's bytes as the pass reads them, with its newline count and last
-    byte; with ``at``, also the sha256 of its first ``at`` bytes (a grown file's old
-    content, to check against the recorded sha256)."""
-
-    def __init__(self, at: Optional[int] = None):
-        self.sha, self.at, self.prefix = hashlib.sha256(), at, None
-        self.read, self.newlines, self.last = 0, 0, b""
-
-    def update(self, chunk: bytes) -> None:
-        if self.at is not None and self.prefix is None and self.read + len(chunk) >= self.at:
-            cut = self.at - self.read
-            self.sha.update(chunk[:cut])
-            self.prefix = self.sha.hexdigest()
-            self.sha.update(chunk[cut:])
-        else:
-            self.sha.update(chunk)
-        self.read += len(chunk)
-        self.newlines += chunk.count(b"\n")
-        if chunk:
-            self.last = chunk[-1:]
-
-    def hexdigest(self) -> str:
-        return self.sha.hexdigest()
 
 
 def reject_record(source: str, line: int, raw: str, reason: str, reject_id: str,
@@ -392,7 +289,7 @@ def admit_inputs(inputs: list[Location], index: RunIndex, retry_failed: bool,
             total += recorded.files[file_no]["rows"]
             continue
         old = recorded.files[file_no] if read == "tail" else None
-        hasher = _Fingerprint(old["size"] if old else None)
+        hasher = input_fingerprints.Fingerprint(old["size"] if old else None)
         rows, complete = old["rows"] if old else 0, True
         skip = old["newlines"] if old else 0
         for line, raw, problem in iter_rows(loc, hasher, max_line_bytes, skip):
@@ -406,9 +303,8 @@ def admit_inputs(inputs: list[Location], index: RunIndex, retry_failed: bool,
             raise PrefixChanged(f"{loc.uri}: its first {old['size']:,} bytes changed since "
                                 f"the recorded pass")
         total += rows
-        prints.append({"uri": loc.uri, "size": file_info(loc).size,
-                       "rows": rows, "sha256": hasher.hexdigest() if complete else None,
-                       "newlines": hasher.newlines, "ends_newline": hasher.last == b"\n"})
+        prints.append(input_fingerprints.file_record(loc.uri, file_info(loc).size, rows,
+                                                     hasher, complete))
     state.flush()
     state.write_pending()
     seen_bytes = state.nbytes
@@ -469,19 +365,9 @@ def reject_writer(store) -> Callable[[list[dict[str, Any]]], None]:
 
 
 def describe_changes(admission: Admission, previous: Optional[list[dict[str, Any]]]) -> list[str]:
-    """What changed in the input since the run last saw it, one line per finding."""
-    lines = []
-    old = {p["uri"]: p for p in previous or []}
-    by_hash = {p["sha256"]: p["uri"] for p in previous or [] if p.get("sha256")}
-    for p in admission.fingerprints:
-        before = old.get(p["uri"])
-        if before is None and p["sha256"] in by_hash:
-            lines.append(f"input {p['uri']} has the content of {by_hash[p['sha256']]} "
-                         f"(renamed or moved): rows keep their keys, nothing is redone")
-        elif before is not None and p["sha256"] and before.get("sha256") not in (
-                None, p["sha256"]):
-            lines.append(f"input {p['uri']} changed since the last session: "
-                         f"{before['rows']} -> {p['rows']} rows")
+    """What changed in the input since the run last saw it, one line per finding: its
+    files (input_fingerprints.changes), then its rows."""
+    lines = input_fingerprints.changes(admission.fingerprints, previous)
     if previous is not None and admission.removed:
         lines.append(f"{admission.removed} rows in data/ have no prompt in the input any "
                      f"more (kept)")
@@ -490,53 +376,3 @@ def describe_changes(admission: Admission, previous: Optional[list[dict[str, Any
                      f"(kept the earlier output; e.g. {', '.join(admission.edited_examples)}); "
                      f"give edited prompts new ids to generate them")
     return lines
-
-
-_TABLES: dict[str, AdmissionTable] = {}
-
-
-def _table_of(holder: list) -> AdmissionTable:
-    """The table behind the ObjectRef, fetched once per worker (zero-copy numpy)."""
-    import ray
-    ref = holder[0]
-    key = ref.hex()
-    if key not in _TABLES:
-        _TABLES.clear()
-        _TABLES[key] = ray.get(ref)
-    return _TABLES[key]
-
-
-def admit_batch(batch: pa.Table, table: list) -> pa.Table:
-    """map_batches function: keep exactly the rows the admission table chose.
-
-    ``table`` is ``[ObjectRef(AdmissionTable)]`` (a list, so Ray hands the ref over
-    unresolved and each worker fetches it once)."""
-    admitted = _table_of(table) if isinstance(table, list) else table
-    valid = batch.column("reject_reason").is_null().to_numpy(zero_copy_only=False)
-    digests = digests_of(batch.column("key").to_pylist(), admitted.salt)
-    ordinals = batch.column("ordinal").to_numpy(zero_copy_only=False).astype(np.int64)
-    if admitted.samples > 1:
-        return _expand(batch, admitted, digests, ordinals, valid)
-    keep = admitted.admits(digests, ordinals) & valid
-    return batch.filter(pa.array(keep))
-
-
-def _expand(batch: pa.Table, admitted: AdmissionTable, digests: np.ndarray,
-            ordinals: np.ndarray, valid: np.ndarray) -> pa.Table:
-    """One row per admitted (row, sample), a prompt's samples side by side (sent close
-    together, the later ones may find its prefix in the engine's cache), with the
-    ``sample`` and ``seed`` columns."""
-    rows, samples = [], []
-    for s in range(admitted.samples):
-        hit = np.flatnonzero(admitted.admits(sample_digests(digests, s), ordinals) & valid)
-        rows.append(hit)
-        samples.append(np.full(len(hit), s, np.int32))
-    rows_at, sample_of = np.concatenate(rows), np.concatenate(samples)
-    order = np.lexsort((sample_of, rows_at))
-    rows_at, sample_of = rows_at[order], sample_of[order]
-    out = batch.take(pa.array(rows_at, pa.int64()))
-    keys = out.column("key").to_pylist()
-    seeds = [sample_seed(admitted.salt, k, int(s)) for k, s in zip(keys, sample_of)]
-    return (out.append_column("sample", pa.array(sample_of, pa.int32()))
-            .append_column("seed", pa.array(seeds, pa.int64())))
-

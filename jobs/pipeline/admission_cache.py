@@ -39,14 +39,14 @@ import pyarrow as pa
 
 from jobs.io.digests import salt_id
 from jobs.io.run_index import RunIndex
-from jobs.io.run_store import RunStore
+from jobs.io.run_store import ADMISSION_KEYS, RunStore
 from jobs.io.storage import Location, file_info, read_bytes, write_bytes_atomic
-from jobs.pipeline import admission, input_formats, validate
+from jobs.pipeline import admission, input_fingerprints, input_formats, seen_keys, validate
 from jobs.pipeline.admission import Admission, Recorded
 
 logger = logging.getLogger("raygen")
 FORMAT = 2  # 1 was never released: keys without counts
-NAME = ("admission", "keys.arrow")
+NAME = ADMISSION_KEYS
 MAX_REJECT_IDS = 200_000
 
 
@@ -54,7 +54,8 @@ MAX_REJECT_IDS = 200_000
 def _code_hash() -> str:
     from jobs.io import digests, sources
     h = hashlib.sha256()
-    for module in (admission, validate, input_formats, sources, digests):
+    for module in (admission, seen_keys, input_fingerprints, validate, input_formats, sources,
+                   digests):
         h.update(inspect.getsource(module).encode())
     return h.hexdigest()[:16]
 

@@ -14,7 +14,7 @@ import ray.data
 
 from jobs.config import RunConfig
 from jobs.pipeline.generate_stage import GenerateRows
-from jobs.pipeline.admission import admit_batch
+from jobs.pipeline.admit_stage import admit_batch
 from jobs.pipeline.settings import StageSettings
 from jobs.pipeline.sink import RunSink
 from jobs.io.run_store import RunStore
@@ -62,7 +62,7 @@ def actor_pool(min_actors: int, max_actors: int) -> ray.data.ActorPoolStrategy:
 
 def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSettings,
           only: Optional[list] = None, rows: Optional[int] = None) -> ray.data.Dataset:
-    """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission.py);
+    """``table``: [ObjectRef of the driver's AdmissionTable] (jobs/pipeline/admission_table.py);
     ``only``: [ObjectRef of its sorted ordinals]: the read skips every other line;
     ``rows``: how many lines the read passes on (sizes its blocks: read_blocks)."""
     job = cfg.job

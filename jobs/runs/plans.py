@@ -34,8 +34,8 @@ from jobs.config import RunConfig
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io import sources
-from jobs.io.storage import Location, file_info, locate, write_json_atomic
-from jobs.pipeline import admission_cache, chain as pipeline
+from jobs.io.storage import Location, file_info, locate
+from jobs.pipeline import admission_cache, chain as pipeline, input_fingerprints
 from jobs.pipeline.admission import (Admission, PrefixChanged, admit_inputs, describe_changes,
                                      reject_writer)
 from jobs.pipeline.settings import RunMode, StageSettings
@@ -124,7 +124,7 @@ def input_total(store: RunStore, inputs: list[Location], limit: Optional[int]) -
     """Rows of the inputs, each capped at job.limit: the count the admission pass
     recorded in inputs.json while the file keeps its size (no second pass over a large
     input), else counted now."""
-    recorded = {p["uri"]: p for p in (store.read_json("inputs.json") or {}).get("files", [])}
+    recorded = {p["uri"]: p for p in input_fingerprints.recorded(store) or []}
     cap = limit or 1 << 62
     total = 0
     for loc in inputs:
@@ -248,9 +248,9 @@ def admit(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunInd
                                  max_line_bytes, keep_keys=True, samples=samples)
     for part in found:
         write_rejects(part)
-    for line in describe_changes(admission, (store.read_json("inputs.json") or {}).get("files")):
+    for line in describe_changes(admission, input_fingerprints.recorded(store)):
         logger.warning("%s", line)
-    write_json_atomic(store.loc("inputs.json"), {"files": admission.fingerprints})
+    input_fingerprints.record(store, admission.fingerprints)
     admission_cache.save(store, inputs, limit, max_line_bytes, admission)
     admission.input_keys = admission.reject_ids = None  # recorded: not held all session
     reused = ("" if recorded is None else

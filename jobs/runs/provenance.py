@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from contract.redact import MASK, is_secret_name, mask_argv, mask_text
 from jobs.config import RunConfig
-from jobs.io.run_store import INPUTS_FILE, PROVENANCE_FILE, RunStore
+from jobs.io.run_store import PROVENANCE_FILE, RunStore
 from jobs.io.storage import write_json_atomic
+from jobs.pipeline import input_fingerprints
 
 if TYPE_CHECKING:
     from jobs.pipeline.settings import RunMode
@@ -220,7 +221,7 @@ def build(cfg: RunConfig, store: RunStore, mode: "RunMode",
         "engine": {"kind": engine.kind, "config_hash": engine.config_hash(),
                    "version": info.get("version"), "argv": engine_argv(engine),
                    "server_info": info},
-        "inputs": (store.read_json(INPUTS_FILE) or {}).get("files", []),
+        "inputs": input_fingerprints.recorded(store) or [],
     }
     record["fingerprint"] = fingerprint(record)
     return record

@@ -16,7 +16,8 @@ from jobs.io.digests import digests_of, key_digest
 from jobs.io.run_index import RunIndex, row_ids
 from jobs.io.run_store import RUN_FILE, RunStore, UnknownRunFormat
 from jobs.io.schema import DATA
-from jobs.pipeline.admission import admit_batch, admit_inputs
+from jobs.pipeline.admission import admit_inputs
+from jobs.pipeline.admit_stage import admit_batch
 from jobs.io.sources import ordinal_of
 from jobs.io.storage import locate
 from tests.support.run_rows import make_row

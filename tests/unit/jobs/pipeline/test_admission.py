@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.pipeline import admission
-from jobs.pipeline.admission import (AdmissionTable, admit_batch, admit_inputs,
-                            describe_changes, digests_of, key_digest)
+from jobs.pipeline.admission import admit_inputs, describe_changes, digests_of, key_digest
+from jobs.pipeline.admission_table import AdmissionTable
+from jobs.pipeline.admit_stage import admit_batch
 from jobs.config import StorageConfig
 from jobs.io.sources import ordinal_of
 from jobs.io.storage import locate
@@ -205,7 +206,7 @@ def test_integer_and_string_ids_never_collide_silently(tmp_path, ids):
 
 
 def test_seen_keys_stay_few_sorted_runs_and_find_every_key():
-    from jobs.pipeline.admission import SeenKeys
+    from jobs.pipeline.seen_keys import SeenKeys
     seen = SeenKeys()
     rng = np.random.default_rng(0)
     all_digests = rng.permutation(np.arange(1, 5001, dtype=np.uint64))

@@ -19,7 +19,7 @@ from jobs.io.run_index import RunIndex, row_ids
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
 from jobs.io.samples import SEED_FIELD, sample_digests, sample_seed
-from jobs.pipeline.admission import admit_batch
+from jobs.pipeline.admit_stage import admit_batch
 from jobs.pipeline.generate_stage import GenerateRows
 from jobs.pipeline.rows import data_row, failure_row
 from jobs.pipeline.settings import RunMode, StageSettings

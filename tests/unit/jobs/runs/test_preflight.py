@@ -12,7 +12,8 @@ import ray
 import yaml
 
 from jobs import cli, generate
-from jobs.pipeline.admission import Admission, AdmissionTable
+from jobs.pipeline.admission import Admission
+from jobs.pipeline.admission_table import AdmissionTable
 from jobs.config import parse_config
 from jobs.runs.preflight import RejectTally, reason_kind, reject_problem
 from jobs.pipeline.settings import RunMode
