@@ -1,7 +1,8 @@
 """The admit stage (stage 3 of the job): a stateless Ray Data filter over the admission
 table the driver's pass made (jobs/pipeline/admission.py, jobs/pipeline/admission_table.py).
 
-Row contract: reads validate's rows (key, ordinal, reject_reason) and passes on, whole, exactly the rows the table chose: a row whose
+Row contract: reads validate's rows (``ADMIT_INPUTS``: key, ordinal, reject_reason,
+checked per batch) and passes on, whole, exactly the rows the table chose: a row whose
 key digest is in the table with that row's ordinal. With job.samples_per_prompt n > 1
 each admitted input row becomes one row per admitted sample, with its ``sample`` and
 ``seed`` columns, the samples of a prompt next to each other. No actor, nothing counted
@@ -16,6 +17,12 @@ import pyarrow as pa
 from jobs.io.digests import digests_of
 from jobs.io.samples import sample_digests, sample_seed
 from jobs.pipeline.admission_table import AdmissionTable
+from jobs.pipeline.stage_inputs import StageInputs
+
+ADMIT_INPUTS = StageInputs("admit", {
+    "key": "the row's key, looked up in the table as its digest",
+    "ordinal": "the row's place in the input: the table holds each key's chosen one",
+    "reject_reason": "validate's verdict: a rejected row never passes"})
 
 
 _TABLES: dict[str, AdmissionTable] = {}
@@ -37,6 +44,7 @@ def admit_batch(batch: pa.Table, table: list) -> pa.Table:
 
     ``table`` is ``[ObjectRef(AdmissionTable)]`` (a list, so Ray hands the ref over
     unresolved and each worker fetches it once)."""
+    ADMIT_INPUTS.check(batch)
     admitted = _table_of(table) if isinstance(table, list) else table
     valid = batch.column("reject_reason").is_null().to_numpy(zero_copy_only=False)
     digests = digests_of(batch.column("key").to_pylist(), admitted.salt)

@@ -1,6 +1,8 @@
 """The job's Ray Data chain: read -> validate -> admit -> generate -> write.
 
-Each stage states the columns it reads and adds in its own module. Generation runs
+Each stage states the columns it reads and adds in its own module, and checks the ones it
+reads once per batch (jobs/pipeline/stage_inputs.py): a batch without one fails at that
+stage with one line naming the stage and the column. Generation runs
 in an autoscaled pool of async actors (``actor_pool(min, max)``); Ray Data's
 streaming executor keeps memory flat and back-pressures the read.
 """

@@ -1,8 +1,9 @@
 """Send rows to the engine replicas (stage 4 of the job): an async Ray Data actor.
 
-Row contract: reads an admitted row (key, id, category, messages, tools, source, line,
-prompt_hash, and sample + seed with job.samples_per_prompt > 1; rejects never get here:
-the driver's admission pass writes them) or, in a
+Row contract (the columns it needs: ``stage_inputs``, checked per batch): reads an
+admitted row (key, id, category, messages, tools, source, line, prompt_hash, and
+sample + seed with job.samples_per_prompt > 1; rejects never get here: the driver's
+admission pass writes them) or, in a
 continue or regenerate run (``StageSettings.continue_to`` / ``regenerate``), a data/ row
 (regenerated: its prompt sent again, written as its next version; with job.regenerate
 every_turn, the prompt is the conversation up to its next turn, jobs/pipeline/turns.py,
@@ -38,9 +39,32 @@ from jobs.pipeline.row_sender import RowSender
 from jobs.pipeline import turns
 from jobs.pipeline.rows import continued_row, data_row, failure_row, stopped_row, to_table
 from jobs.pipeline.settings import StageSettings
+from jobs.pipeline.stage_inputs import StageInputs
 from jobs.io.condemned import write_record
 from jobs.io.run_store import RunStore
 from jobs.io.samples import SEED_FIELD
+
+
+# Every session's rows carry these: its requests and its data and failure rows are made
+# from them (jobs/pipeline/rows.py).
+GENERATE_INPUTS = StageInputs("generate", {
+    "key": "the request's and the row's key", "id": "the input id the row keeps",
+    "category": "the metric label and the row's category",
+    "messages": "the prompt, JSON", "tools": "the prompt's tools, JSON or null"})
+# A continue session sends a data/ row's own ids and adds its counts up (rows.continued_row).
+CONTINUE_INPUTS = {name: "the data/ row being continued" for name in (
+    "version", "prompt_token_ids", "output_token_ids", "completion_tokens",
+    "reasoning_tokens", "finished_thinking", "spec_verify_ct", "latency_s",
+    "budget_history", "continuations")}
+
+
+def stage_inputs(stage: StageSettings) -> StageInputs:
+    """The columns this session's rows must carry."""
+    if stage.continue_to:
+        return GENERATE_INPUTS | CONTINUE_INPUTS
+    if stage.regenerate or stage.next_turn:
+        return GENERATE_INPUTS | {"version": "the row written is its next version"}
+    return GENERATE_INPUTS
 
 
 def stage_breaker(stage: StageSettings) -> Breaker:
@@ -171,5 +195,6 @@ class GenerateRows:
             self.breaker.record(False, error_class, message)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
+        stage_inputs(self.stage).check(batch)
         outs = await asyncio.gather(*(self._one(r) for r in batch.to_pylist()))
         return to_table(outs)

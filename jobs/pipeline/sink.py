@@ -1,6 +1,8 @@
 """Write stage output to the run prefix (stage 5 of the job): a Ray Data Datasink.
 
-Each write call gets at least ``rows_per_file`` rows (Ray Data bundles blocks up to it; a
+Row contract: reads STAGE_OUTPUT rows (``WRITE_INPUTS``: their ``_kind``, then each
+kind's columns, ``KIND_INPUTS``; checked per block). Each write call gets at least
+``rows_per_file`` rows (Ray Data bundles blocks up to it; a
 block larger than that arrives whole), splits them by ``_kind``, cuts each kind into
 even parts of at most ``rows_per_file`` rows (``slices``) and writes each as one immutable,
 atomically-written Parquet file, named by a hash of its row ids
@@ -21,6 +23,15 @@ from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
 from jobs.config import StorageConfig
+from jobs.io.schema import KINDS
+from jobs.pipeline.stage_inputs import StageInputs
+
+# What the generate stage hands over (schema.STAGE_OUTPUT): each row's destination, and
+# for each destination its schema's columns (write_part writes exactly those).
+WRITE_INPUTS = StageInputs("write", {"_kind": "where the row goes: data or failures"})
+KIND_INPUTS = {kind: StageInputs(f"write {kind}/", {
+    name: f"a column of {kind}/ (jobs/io/schema.py)" for name in KINDS[kind].names})
+    for kind in ("data", "failures")}
 
 
 def slices(rows: int, rows_per_file: int) -> list[tuple[int, int]]:
@@ -52,12 +63,15 @@ class RunSink(Datasink):
         store = RunStore(self.run_uri, self.storage)
         tables = [BlockAccessor.for_block(b).to_arrow() for b in blocks]
         tables = [t for t in tables if t.num_rows]
+        for t in tables:
+            WRITE_INPUTS.check(t)
         written = {"data": 0, "failures": 0}
         if not tables:
             return written
         table = pa.concat_tables(tables)
         for kind in written:
             part = table.filter(pc.equal(table.column("_kind"), kind))
+            KIND_INPUTS[kind].check(part)
             for offset, length in slices(part.num_rows, self._rows_per_file) if part.num_rows else []:
                 piece = part.slice(offset, length)
                 store.write_part(kind, piece, row_ids(kind, piece))

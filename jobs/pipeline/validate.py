@@ -1,7 +1,8 @@
 """Validate raw prompt rows and give each a stable key (stage 2 of the job).
 
-Row contract: reads ``source, line, ordinal, raw, problem``; adds ``key, id, category,
-messages, tools, prompt_hash`` (messages/tools re-serialised as canonical JSON) and
+Row contract: reads ``source, line, ordinal, raw, problem`` (``VALIDATE_INPUTS``,
+checked per batch: jobs/pipeline/stage_inputs.py); adds ``key, id, category, messages,
+tools, prompt_hash`` (messages/tools re-serialised as canonical JSON) and
 ``reject_reason`` (None when valid).
 
 Any line is a verdict: ``parse_row`` returns a row or raises RowError with a reason,
@@ -31,6 +32,7 @@ from typing import Any, Optional
 import pyarrow as pa
 
 from jobs.pipeline.input_formats import FormatError, to_canonical
+from jobs.pipeline.stage_inputs import StageInputs
 
 ROLES = ("system", "user", "assistant", "tool")
 VALIDATED = pa.schema([
@@ -39,6 +41,11 @@ VALIDATED = pa.schema([
     ("messages", pa.string()), ("tools", pa.string()), ("prompt_hash", pa.string()),
     ("reject_reason", pa.string()),
 ])
+# What the read (jobs/io/sources.py RAW_SCHEMA) gives each line.
+VALIDATE_INPUTS = StageInputs("validate", {
+    "source": "the input file's URI", "line": "the line number in it",
+    "ordinal": "the line's place in the whole input", "raw": "the line's text",
+    "problem": "what the reader found wrong with its bytes, or null"})
 RESERVED_PREFIXES = ("int:", "sha256:")
 # Deeper JSON is refused before it is parsed: every recursive step after (json's C
 # parser, canonicalising, hashing) then stays far from Python's recursion limit, in the
@@ -203,6 +210,7 @@ def _parse(raw: str) -> dict[str, Any]:
 
 
 def validate_batch(batch: pa.Table) -> pa.Table:
+    VALIDATE_INPUTS.check(batch)
     cols: dict[str, list] = {name: [] for name in VALIDATED.names}
     for source, line, ordinal, raw, problem in zip(*(
             batch.column(c).to_pylist() for c in ("source", "line", "ordinal", "raw", "problem"))):

@@ -23,8 +23,14 @@ from jobs.config import RunConfig
 from jobs.io.run_store import RunStore
 from jobs.io.sources import PromptFiles
 from jobs.io.storage import Location, write_json_atomic
+from jobs.pipeline.stage_inputs import StageInputs
 from jobs.pipeline.validate import validate_batch
 from contract import context_budget
+
+
+COUNT_INPUTS = StageInputs("count tokens", {
+    "key": "the row's key, kept beside its count", "messages": "the prompt, JSON",
+    "tools": "the prompt's tools, JSON or null"})
 
 
 class CountTokens:
@@ -34,6 +40,7 @@ class CountTokens:
         self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
+        COUNT_INPUTS.check(batch)
         prompts = [{"messages": json.loads(m), "tools": json.loads(t) if t else None}
                    for m, t in zip(batch.column("messages").to_pylist(),
                                    batch.column("tools").to_pylist())]

@@ -27,6 +27,7 @@ from jobs.io.run_index import RunIndex, version_digests
 from jobs.io.run_store import RunStore
 from jobs.io.schema import DATA
 from jobs.pipeline.settings import StageSettings
+from jobs.pipeline.stage_inputs import StageInputs
 from jobs.runs.errors import RunError
 
 logger = logging.getLogger("raygen")
@@ -71,8 +72,13 @@ def rows_to_read(index: RunIndex, wanted: np.ndarray) -> dict[str, list[int]]:
     return {path: sorted(rows) for path, rows in sorted(chosen.items())}
 
 
+READ_INPUTS = StageInputs("continue: read rows", {
+    "path": "a data part's path", "rows": "the positions of its rows to read"})
+
+
 def _read_rows(batch: pa.Table, run_uri: str, storage) -> pa.Table:
     """map_batches: each (path, rows) item -> those rows of that data part."""
+    READ_INPUTS.check(batch)
     store = RunStore(run_uri, storage)
     tables = [store.read_part(path).take(pa.array(rows, pa.int64()))
               for path, rows in zip(batch.column("path").to_pylist(),

@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pyarrow as pa
 import pytest
 
 from contract.protocol import GenerateResult
 from jobs.config import parse_config
-from jobs.pipeline.generate_stage import GenerateRows
+from jobs.pipeline.generate_stage import GenerateRows, stage_inputs
 from jobs.pipeline.retry import Breaker, CircuitOpen, ForeignEngine, SystematicErrors
 from jobs.pipeline.row_sender import RowSender
 from jobs.pipeline.settings import RunMode, StageSettings
+from jobs.pipeline.stage_inputs import MissingColumn
 from serve_apps.app import deployed_engine_hash
 
 TREE = {"engine": {"kind": "simulator", "model_path": "sim-m"},
@@ -205,3 +207,50 @@ def test_only_a_continue_mode_puts_a_target_in_the_stage_settings():
     assert _stage(RunMode.of_flags(continue_truncated=True, max_total_tokens=9)).continue_to == 9
     with pytest.raises(AttributeError):  # frozen: shipped to every actor as is
         replace(_stage()).__setattr__("max_new_tokens", 1)
+
+
+def _extended(r):
+    """A continuation's result: the row's output ids and one more."""
+    return GenerateResult(key=r.key, text="more", reasoning="", answer="more",
+                          finished_thinking=True, prompt_token_ids=r.input_ids[:r.prompt_len],
+                          output_token_ids=r.input_ids[r.prompt_len:] + [9],
+                          finish_reason="stop", prompt_tokens=r.prompt_len, completion_tokens=1,
+                          reasoning_tokens=0, max_new_tokens=r.max_new_tokens,
+                          effective_max_new_tokens=r.max_new_tokens, latency_s=1.0,
+                          budget_clamped_by="", replica="r0")
+
+
+def _continued_row(key: str) -> dict:
+    return dict(_row(key), version=0, prompt_token_ids=[1, 2], output_token_ids=[5, 6, 7],
+                completion_tokens=3, reasoning_tokens=0, finished_thinking=True,
+                spec_verify_ct=None, latency_s=2.0, budget_history=[3], continuations=0)
+
+
+def _call(gen: GenerateRows, rows: list[dict]) -> pa.Table:
+    return asyncio.run(gen(pa.Table.from_pylist(rows)))
+
+
+def test_a_batch_without_a_column_the_session_reads_fails_at_the_door_naming_it():
+    handle = FakeReplica(_ok)
+    fresh = [{k: v for k, v in _row("a").items() if k != "messages"}]
+    with pytest.raises(MissingColumn, match=r"^generate: input batch has no column "
+                                            r"'messages' \(the prompt, JSON\); it has "):
+        _call(_rows(handle, _stage()), fresh)
+    stage = _stage(RunMode.of_flags(continue_truncated=True, max_total_tokens=100))
+    cut = [{k: v for k, v in _continued_row("a").items() if k != "output_token_ids"}]
+    with pytest.raises(MissingColumn, match="'output_token_ids'"):
+        _call(_rows(FakeReplica(_extended), stage), cut)
+    assert handle.sent == []  # refused before any request
+
+
+@pytest.mark.parametrize("flags, answer, row, version", [
+    ({}, _ok, _row("a"), 0),
+    ({"continue_truncated": True, "max_total_tokens": 100}, _extended, _continued_row("a"), 1),
+    ({"regenerate_flagged": True}, _ok, dict(_row("a"), version=4), 5),
+])
+def test_a_batch_of_exactly_the_declared_columns_is_enough(flags, answer, row, version):
+    stage = _stage(RunMode.of_flags(**flags))
+    declared = stage_inputs(stage).columns
+    out = _call(_rows(FakeReplica(answer), stage), [{k: row[k] for k in declared}])
+    assert out.column("_kind").to_pylist() == ["data"]
+    assert out.column("version").to_pylist() == [version]
