@@ -154,6 +154,12 @@ class JobConfig(StrictModel):
         0.10, gt=0, le=1, description="RaygenTruncationHigh (warning) fires when more than "
         "this share of the run's written completions hit max_new_tokens; exported per run "
         "as ray_raygen_job_truncation_threshold_ratio.")
+    price_per_gpu_hour: Optional[float] = Field(
+        None, ge=0, description="What one GPU-hour costs you (any currency; printed as is): "
+        "adds a cost line to the session summary, progress.json (gpu_hours.cost_spent, "
+        "cost_forecast_rows_left) and the report. A replica without a GPU (CPU engine, "
+        "simulator) counts as one engine-hour at this price. None = no cost line. Not part "
+        "of settings_hash: change it on any session.")
     metrics_category_limit: int = Field(
         20, ge=1, description="Distinct `category` label values per generate actor in the "
         "metrics; later categories are reported as `other` (bounds series count).")

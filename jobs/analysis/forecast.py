@@ -24,6 +24,11 @@ Design decisions:
 - GPU time ~ expected output tokens per row (decode-bound; prefill is equal at every
   cap). Longer sequences cost a bit more per token (attention over a longer KV cache),
   so raising the cap costs slightly more than shown.
+- GPU-hours (with the run's measured rate, output tokens per GPU-hour held:
+  jobs/analysis/gpu_hours.py): per cap, what 1,000 rows cost at it, and what raising the
+  cap to it costs this run with `--continue-truncated --max-total-tokens C`: the rows'
+  expected extra tokens, n x (E[min(L, C)] - E[min(L, current)]), at that rate (the
+  continued rows' prefill of prompt + earlier output comes on top).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from jobs.analysis import gpu_hours
 from jobs.analysis.lognormal import log_q
 from jobs.analysis.numbers import rounded
 from jobs.analysis.token_yield import trainable_forecast
@@ -297,6 +303,9 @@ def _row(cap, point, lo, hi, km, extrapolated, method) -> dict[str, Any]:
         "mean_tokens_lo": r(lo[1], 1), "mean_tokens_hi": r(hi[1], 1),
         "relative_gpu_time": r(point[2], 4), "relative_gpu_time_lo": r(lo[2], 4),
         "relative_gpu_time_hi": r(hi[2], 4),
+        "extra_tokens_per_row": r(point[3], 1) if len(point) > 3 else None,
+        "extra_tokens_per_row_lo": r(lo[3], 1) if len(lo) > 3 else None,
+        "extra_tokens_per_row_hi": r(hi[3], 1) if len(hi) > 3 else None,
         "km_truncated_fraction": r(km[0], 5) if km else None,
         "km_lo": r(km[1], 5) if km else None, "km_hi": r(km[2], 5) if km else None,
         "km_mean_tokens": r(km[3], 1) if km else None,
@@ -364,8 +373,9 @@ def _parametric_rows(w, mu, sigma, caps: list[int], cap: int, km: list,
     grid = np.array(sorted(set(caps) | {cap}), dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         trunc, mean = _predict(w, mu, sigma, grid)
-        rel = mean / mean[:, [int(np.searchsorted(grid, cap))]]
-    stacked = np.stack([trunc, mean, rel], axis=-1)                  # (B+1, caps, 3)
+        now = mean[:, [int(np.searchsorted(grid, cap))]]
+        rel = mean / now
+    stacked = np.stack([trunc, mean, rel, mean - now], axis=-1)      # (B+1, caps, 4)
     boot = stacked[1:] if n_boot else np.full((1,) + stacked.shape[1:], np.nan)
     with warnings.catch_warnings():  # a resample with no rows yields NaN: ignored
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -378,15 +388,40 @@ def _parametric_rows(w, mu, sigma, caps: list[int], cap: int, km: list,
     return rows
 
 
+def add_gpu_hours(out: dict[str, Any], tokens_per_gpu_h: Optional[float],
+                  unit: str = gpu_hours.GPU_UNIT, price: Optional[float] = None) -> None:
+    """Per what-if row, at the run's measured rate: ``gpu_hours_per_1k_rows`` at that
+    cap and, above the current cap, ``continue_gpu_hours`` (+ range and cost): what
+    continuing this run's truncated rows to it costs."""
+    out.update(gpu_unit=unit, output_tok_per_gpu_h=tokens_per_gpu_h, price_per_gpu_h=price)
+    n, cap = out["rows_fitted"], out["current_cap"]
+    for row in out["rows"]:
+        per = gpu_hours.hours_for(row["mean_tokens"], tokens_per_gpu_h) \
+            if row["mean_tokens"] is not None else None
+        row["gpu_hours_per_1k_rows"] = rounded(None if per is None else 1000 * per, 4)
+        above = row["cap"] > (cap or 0)
+        for suffix in ("", "_lo", "_hi"):
+            extra = row.get("extra_tokens_per_row" + suffix)
+            hours = (gpu_hours.hours_for(n * extra, tokens_per_gpu_h)
+                     if above and extra is not None else None)
+            row["continue_gpu_hours" + suffix] = rounded(hours, 4)
+        row["continue_cost"] = rounded(gpu_hours.cost(row["continue_gpu_hours"], price), 2)
+
+
 def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
                     n_boot: int = N_BOOT, seed: int = 0,
-                    trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
+                    trainer_max_lengths: Sequence[int] = (),
+                    tokens_per_gpu_h: Optional[float] = None,
+                    gpu_unit: str = gpu_hours.GPU_UNIT,
+                    price: Optional[float] = None) -> dict[str, Any]:
     """The what-if over caps, with fit details and notes (see the module docstring).
 
     df: the run's rows (finish_reason, completion_tokens; category, max_new_tokens,
     key/version optional). Several versions of a key are reduced to the latest
     (run_index.latest_rows). trainer_max_lengths: also each cap's expected trainable
     tokens per row at these trainer max lengths (needs prompt_tokens; token_yield.py).
+    tokens_per_gpu_h: the run's measured rate (progress.json's gpu_hours): each row then
+    says its GPU-hours (add_gpu_hours); None: not measured, those fields are null.
     """
     df = latest_rows(df)
     sample, cap = Sample(df), current_cap(df)
@@ -398,6 +433,7 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
         "rows": [], "notes": []}
     if sample.n == 0 or cap is None:
         out["notes"].append("No finished (stop/length) rows: nothing to forecast.")
+        add_gpu_hours(out, tokens_per_gpu_h, gpu_unit, price)
         return out
     out["notes"] = _notes(cap, sample)
     km = kaplan_meier(sample.tokens, sample.censored, caps, cap)
@@ -408,9 +444,18 @@ def forecast_report(df: pd.DataFrame, caps: Optional[Sequence[int]] = None,
         empty = (None, None, None)
         out["rows"] = [_row(c, empty, empty, empty, k, c > cap, "kaplan-meier only")
                        for c, k in zip(caps, km)]
+        add_gpu_hours(out, tokens_per_gpu_h, gpu_unit, price)
         return out
     w, mu, sigma = _bootstrap_fit(sample, n_boot, seed)
     out["rows"] = _parametric_rows(w, mu, sigma, caps, cap, km, n_boot)
+    add_gpu_hours(out, tokens_per_gpu_h, gpu_unit, price)
+    if tokens_per_gpu_h:
+        out["notes"].append(
+            f"GPU-hours at the run's measured {gpu_hours.fmt_rate(tokens_per_gpu_h)} output "
+            f"tokens per {gpu_unit} held (start-up, ramp and tail included): per 1,000 rows "
+            f"at each cap, and what continuing this run's truncated rows to a larger cap "
+            f"costs (--continue-truncated --max-total-tokens C: the expected extra output "
+            f"tokens; re-prefilling their prompt + earlier output comes on top).")
     if trainer_max_lengths and "prompt_tokens" in df.columns:
         fitted = df[df["finish_reason"].astype(str).isin(("stop", "length"))]
         for row, entry in zip(out["rows"], trainable_forecast(

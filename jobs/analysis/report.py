@@ -23,6 +23,12 @@ Design decisions:
 - --trainer-max-length N: per category, the output tokens a drafter trainer at max
   length N trains on and cuts, and the GPU time they cost; the what-if in trainable
   tokens too (jobs.analysis.token_yield).
+- GPU-hours (jobs.analysis.gpu_hours): what the run's replicas held over all its
+  sessions, the rate (output tokens per GPU-hour) and the forecast for the rows left,
+  as the last progress.json recorded them (the files cannot say what engines held), with
+  the cost at job.price_per_gpu_hour; the what-if prices each cap at that rate (per
+  1,000 rows, and continuing this run's truncated rows to it). The thinking-budget and
+  trainable-token sections give busy GPU time from the rows' own latency (token_yield).
 - Files go to the run prefix (report.json, report.md, report_lengths.png) with atomic
   writes, so a report is either the old one or the new one, never half of each.
 """
@@ -42,10 +48,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.analysis import gpu_hours
 from jobs.analysis.forecast import forecast_report
 from jobs.analysis.numbers import rounded
 from jobs.analysis.thinking_budget import budgets_md, in_effect, thinking_budgets
-from jobs.analysis.token_yield import parse_lengths, yield_report
+from jobs.analysis.token_yield import clock_of, parse_lengths, yield_report
 from jobs.io.digests import sorted_contains
 from jobs.io.samples import identity_digests
 from jobs.io.part_summary import reject_reason_class
@@ -216,7 +223,11 @@ def assemble(store: RunStore, df: pd.DataFrame, index: RunIndex,
              trainer_max_lengths: Sequence[int] = ()) -> dict[str, Any]:
     progress = store.read_json("progress.json") or {}
     lengths = list(trainer_max_lengths or ())
-    fc = forecast_report(df, caps, trainer_max_lengths=lengths)
+    gpu = gpu_section(progress)
+    fc = forecast_report(df, caps, trainer_max_lengths=lengths,
+                         tokens_per_gpu_h=gpu["output_tok_per_gpu_h"], gpu_unit=gpu["unit"],
+                         price=gpu["price_per_gpu_h"])
+    clock = clock_of(df, gpu_hours.engine_weight(gpu["gpus_per_engine"]))
     return {
         "run": store.uri,
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -224,7 +235,8 @@ def assemble(store: RunStore, df: pd.DataFrame, index: RunIndex,
         "keys": len(df), "data_rows_all_versions": index.data_rows,
         "degenerate_threshold": DEGENERATE_REPETITION,
         "budgets": _budgets(df), "current_cap": fc["current_cap"],
-        "thinking_budgets": thinking_budgets(df),
+        "gpu_hours": gpu,
+        "thinking_budgets": thinking_budgets(df, clock),
         "overall": group_stats(df),
         "by_category": breakdown(df, df["category"]),
         "by_prompt_bin": breakdown(df, prompt_bin(df["prompt_tokens"]).astype(object),
@@ -233,8 +245,26 @@ def assemble(store: RunStore, df: pd.DataFrame, index: RunIndex,
         "flagged": flagged_stats(store, df),
         "rejects": reject_stats(store),
         "forecast": fc,
-        "token_yield": yield_report(df, lengths) if lengths else None,
+        "token_yield": yield_report(df, lengths, clock) if lengths else None,
     }
+
+
+GPU_FIELDS = ("unit", "gpus_per_engine", "spent", "sessions", "output_tokens",
+              "output_tok_per_gpu_h", "forecast_rows_left", "price_per_gpu_h", "cost_spent",
+              "cost_forecast_rows_left")
+
+
+def gpu_section(progress: dict[str, Any]) -> dict[str, Any]:
+    """report.json's gpu_hours: progress.json's (the run's total over its sessions), with
+    GPU-hours per 1B output tokens; every field null when no session recorded them."""
+    g = progress.get("gpu_hours") if isinstance(progress.get("gpu_hours"), dict) else {}
+    out = {k: g.get(k) for k in GPU_FIELDS}
+    out["unit"] = out["unit"] or gpu_hours.GPU_UNIT
+    out["recorded"] = bool(g)
+    out["rows_left"] = progress.get("remaining")
+    rate = out["output_tok_per_gpu_h"]
+    out["gpu_hours_per_1b_output_tokens"] = rounded(1e9 / rate, 2) if rate else None
+    return out
 
 
 # --- rendering --------------------------------------------------------------------------
@@ -271,6 +301,8 @@ def _forecast_md(fc: dict[str, Any]) -> list[str]:
     lines = [f"## What-if: other caps (current cap {fc['current_cap']})", ""]
     if not fc["rows"]:
         return lines + [f"- {n}" for n in fc["notes"]] + [""]
+    unit = fc.get("gpu_unit") or gpu_hours.GPU_UNIT
+    priced = fc.get("price_per_gpu_h") is not None
     rows = []
     for r in fc["rows"]:
         rows.append([
@@ -279,10 +311,51 @@ def _forecast_md(fc: dict[str, Any]) -> list[str]:
             _share(r["km_truncated_fraction"], r["km_lo"], r["km_hi"]),
             f"{_fmt(r['mean_tokens'], 0)} ({_fmt(r['mean_tokens_lo'], 0)}-"
             f"{_fmt(r['mean_tokens_hi'], 0)})", _fmt(r["relative_gpu_time"], 2, "x"),
+            _hours(r.get("gpu_hours_per_1k_rows")), _continue_cell(r, priced),
             "extrapolated" if r["extrapolated"] else "observed range"])
     lines += _table(["cap", "truncated % (90% range)", "Kaplan-Meier %",
-                     "mean output tok (range)", "GPU time vs now", ""], rows)
+                     "mean output tok (range)", "GPU time vs now", f"{unit} / 1K rows",
+                     f"raise the cap to it: +{unit} (range)" + (", cost" if priced else ""),
+                     ""], rows)
+    if not fc.get("output_tok_per_gpu_h"):
+        lines.append(f"- {unit} columns: no rate measured (progress.json records no "
+                     f"gpu_hours for this run).")
     return lines + [f"- {n}" for n in fc["notes"]] + [""]
+
+
+def _continue_cell(r: dict[str, Any], priced: bool) -> str:
+    """'+1.2 (1.1-1.4)' GPU-hours of continuing the run's truncated rows to this cap."""
+    hours = r.get("continue_gpu_hours")
+    if hours is None:
+        return "-"
+    lo, hi = r.get("continue_gpu_hours_lo"), r.get("continue_gpu_hours_hi")
+    cell = f"+{_hours(hours)}" + (f" ({_hours(lo)}-{_hours(hi)})" if lo is not None
+                                   and hi is not None else "")
+    return cell + (f", {gpu_hours.fmt_money(r.get('continue_cost'))}" if priced else "")
+
+
+def _gpu_md(g: dict[str, Any]) -> list[str]:
+    lines = ["## GPU-hours", ""]
+    if not g.get("recorded"):
+        return lines + ["Not recorded: the run's progress.json has no gpu_hours (its sessions "
+                        "ran under a raygen that did not count them).", ""]
+    u = g["unit"]
+    what = ("GPUs held by the run's replicas x wall time" if u == gpu_hours.GPU_UNIT else
+            "replicas without a GPU (CPU engine, simulator), each counted as one engine")
+    lines.append(f"- Spent: {_hours(g['spent'])} {u} over {g['sessions'] or '?'} session(s) "
+                 f"({what}; start-up, ramp and idle included), for "
+                 f"{_fmt(g['output_tokens'])} output tokens the run gained: "
+                 f"{gpu_hours.fmt_rate(g['output_tok_per_gpu_h'])} output tok/{u}, "
+                 f"{_fmt(g['gpu_hours_per_1b_output_tokens'], 1)} {u} per 1B output tokens.")
+    if g.get("rows_left"):
+        lines.append(f"- Rows left: {g['rows_left']:,}, ~{_hours(g['forecast_rows_left'])} {u} "
+                     f"at the rate measured.")
+    if g.get("price_per_gpu_h") is not None:
+        lines.append(f"- Cost at {gpu_hours.fmt_money(g['price_per_gpu_h'])} per {u}: "
+                     f"{gpu_hours.fmt_money(g['cost_spent'])} spent"
+                     + (f", ~{gpu_hours.fmt_money(g['cost_forecast_rows_left'])} for the rows "
+                        f"left" if g.get("rows_left") else "") + ".")
+    return lines + [""]
 
 
 def _pct(x: Optional[float]) -> str:
@@ -323,6 +396,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
               f"{_fmt(o['degenerate'])}. Accept length: {_fmt(o['accept_length'], 2)}. "
               f"Continued rows: {_fmt(o['continued_rows'])} ({_fmt(o['continuations'])} "
               f"continuations).", ""]
+    lines += _gpu_md(rep.get("gpu_hours") or {})
     cats = sorted(rep["by_category"].items(), key=lambda kv: -kv[1]["rows"])
     lines += ["## By category", ""]
     lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in cats[:MD_MAX_CATEGORIES]])
@@ -395,12 +469,13 @@ def _trainable_forecast_md(fc: dict[str, Any]) -> list[str]:
                               t["mean_trainable_tokens_finished_lo"],
                               t["mean_trainable_tokens_finished_hi"]),
                 _fmt(t["relative_trainable_finished"], 2, "x"),
-                _fmt(r["relative_gpu_time"], 2, "x"),
+                _fmt(r["relative_gpu_time"], 2, "x"), _hours(r.get("gpu_hours_per_1k_rows")),
                 "extrapolated" if r["extrapolated"] else "observed range"])
         lines += [f"## What-if in trainable tokens (trainer max length {int(n):,})", ""]
         lines += _table(["cap", "finished %", "trainable tok/row, all rows (range)",
                          "trainable tok/row, finished rows (range)",
-                         "trainable (finished) vs now", "GPU time vs now", ""], table)
+                         "trainable (finished) vs now", "GPU time vs now",
+                         f"{fc.get('gpu_unit') or gpu_hours.GPU_UNIT} / 1K rows", ""], table)
     return lines
 
 

@@ -76,12 +76,33 @@ def render(snap: dict[str, Any], now: Optional[float] = None) -> str:
         f"elapsed    {hhmm(snap.get('elapsed_s'))} (h:mm); {_n(snap.get('files'))} files, "
         f"{_bytes(snap.get('bytes_written'))} written",
     ]
+    lines.append(gpu_line(snap.get("gpu_hours"), snap.get("remaining")))
     if snap.get("quarantined_parts"):
         lines.append(f"damaged    {snap['quarantined_parts']} part(s) moved to "
                      f"<run>/quarantine/ (reasons beside them); their rows are not done "
                      f"and the next run regenerates them")
     hint = stale_hint(snap, now)
     return "\n".join(lines + ([hint] if hint else []))
+
+
+def gpu_line(g: Any, remaining: Any) -> str:
+    """GPU-hours spent, the forecast for the rows left and the cost (progress.json's
+    gpu_hours, jobs/analysis/gpu_hours.py); '?' for a file written before them."""
+    from jobs.analysis.gpu_hours import GPU_UNIT, fmt_hours, fmt_money, fmt_rate
+    if not isinstance(g, dict):
+        return "gpu-hours  ? (not in this progress.json)"
+    u = g.get("unit") or GPU_UNIT
+    line = (f"gpu-hours  {fmt_hours(g.get('spent'))} {u} spent "
+            f"({fmt_hours(g.get('session'))} this session)")
+    rate = g.get("session_output_tok_per_gpu_h") or g.get("output_tok_per_gpu_h")
+    if remaining:
+        line += (f"; rows left ~{fmt_hours(g.get('forecast_rows_left'))} {u} at "
+                 f"{fmt_rate(rate)} output tok/{u}")
+    if g.get("price_per_gpu_h") is not None:
+        line += f"; cost {fmt_money(g.get('cost_spent'))} spent"
+        if remaining:
+            line += f", ~{fmt_money(g.get('cost_forecast_rows_left'))} left"
+    return line
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

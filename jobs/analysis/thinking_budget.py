@@ -6,18 +6,31 @@ several budgets reads as before and after. Each says how many rows were cut at
 max_new_tokens while thinking (no answer at all) and in the answer, and how many had
 their thinking ended at the budget: SGLang forces the think end once a row has thought
 that many tokens, so such a row's reasoning (which counts the think end) exceeds it.
+With the run's GPU clock (jobs/analysis/token_yield.py: a row's latency over the requests
+in flight with it), each also says the GPU-hours its rows took and those of the rows cut
+while thinking: GPU time that bought no answer.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import pandas as pd
 
 from jobs.analysis.numbers import rounded
 
 
-def thinking_budgets(df: pd.DataFrame) -> list[dict[str, Any]]:
+def _gpu_hours(clock: Any, latency: pd.Series) -> Optional[float]:
+    if clock is None:
+        return None
+    seconds = float(np.nansum(clock.gpu_seconds(latency.astype(float).to_numpy())))
+    return float(f"{seconds / 3600:.4g}")
+
+
+def thinking_budgets(df: pd.DataFrame, clock: Any = None) -> list[dict[str, Any]]:
+    """One entry per budget (see the module docstring); ``clock``: the run's GpuClock,
+    or None (GPU-hours null)."""
     budget = df["max_thinking_tokens"]
     values: list[Optional[int]] = [None] if budget.isna().any() else []
     values += sorted(int(v) for v in budget.dropna().unique())
@@ -36,6 +49,9 @@ def thinking_budgets(df: pd.DataFrame) -> list[dict[str, Any]]:
                                          else int((done & (reasoning > value)).sum())),
             "mean_reasoning_tokens": rounded(reasoning.mean(), 1),
             "mean_output_tokens": rounded(rows["completion_tokens"].astype(float).mean(), 1),
+            "gpu_hours": _gpu_hours(clock, rows["latency_s"]),
+            "truncated_while_thinking_gpu_hours": _gpu_hours(
+                clock, rows.loc[cut & ~done, "latency_s"]),
         })
     return out
 
@@ -59,9 +75,16 @@ def budgets_md(entries: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["## Thinking budget (max_thinking_tokens)", "",
              "| budget | rows | truncated | cut thinking | cut answer | thinking ended at "
-             "budget | mean reasoning tok | mean output tok |", "|" + "---|" * 8]
+             "budget | mean reasoning tok | mean output tok | GPU-h (busy) | cut thinking "
+             "GPU-h |", "|" + "---|" * 10]
     for e in entries:
         lines.append("| " + " | ".join([_name(e)] + [_cell(e[k]) for k in (
             "rows", "truncated", "truncated_while_thinking", "truncated_in_answer",
-            "thinking_ended_at_budget", "mean_reasoning_tokens", "mean_output_tokens")]) + " |")
+            "thinking_ended_at_budget", "mean_reasoning_tokens", "mean_output_tokens")]
+            + [_hours(e.get("gpu_hours")), _hours(e.get("truncated_while_thinking_gpu_hours"))])
+            + " |")
     return lines + [""]
+
+
+def _hours(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:,.3g}" if x < 1000 else f"{x:,.0f}"

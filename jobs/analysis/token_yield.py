@@ -15,8 +15,10 @@ Design decisions:
   gives that count without per-step data: on each replica, the union of the rows'
   [created_at - latency_s, created_at] intervals is the time it was busy, and summed
   latency / busy time is the mean number in flight. A row then costs
-  latency_s / in-flight replica-seconds (GPU-seconds at one GPU per replica), and its cut
-  tokens cost their share of it. Only first-version rows are used to measure the
+  latency_s / in-flight replica-seconds, x the GPUs per replica the run's progress.json
+  records (a replica without a GPU counts as one: engine-hours, jobs/analysis/gpu_hours.py),
+  and its cut tokens cost their share of it. This is busy time: the run's GPU-hours held
+  (progress.json) also count start-up and idle engines. Only first-version rows are used to measure the
   in-flight count (a continued row's latency spans sessions); the measured count then
   applies to every row. Prefill is left out (decode-bound), and the cut tail sits at the
   longest KV cache, so the cut tokens cost slightly more than shown.
@@ -95,17 +97,19 @@ class GpuClock:
     latency_s: float     # the measured rows' summed latency
     rows: int
     replicas: int
+    gpus_per_replica: float = 1.0  # jobs/analysis/gpu_hours.engine_weight of the run's
 
     @property
     def in_flight(self) -> float:
         return self.latency_s / self.busy_s
 
     def gpu_seconds(self, latency_s: np.ndarray | float) -> np.ndarray | float:
-        return latency_s / self.in_flight
+        return latency_s / self.in_flight * self.gpus_per_replica
 
     def to_json(self) -> dict[str, Any]:
         return {"measured_rows": self.rows, "replicas": self.replicas,
                 "busy_replica_hours": _hours(self.busy_s),
+                "gpus_per_replica": self.gpus_per_replica,
                 "mean_requests_in_flight": rounded(self.in_flight, 2)}
 
 
@@ -145,10 +149,15 @@ def measure_clock(replica, created_at, latency, continuations) -> Optional[GpuCl
     return GpuClock(busy, float(lat[ok].sum()), int(ok.sum()), int(replica[ok].nunique()))
 
 
-def clock_of(df: pd.DataFrame) -> Optional[GpuClock]:
+def clock_of(df: pd.DataFrame, gpus_per_replica: float = 1.0) -> Optional[GpuClock]:
+    """The clock of a run's rows; ``gpus_per_replica``: what one replica counts for
+    (gpu_hours.engine_weight of the run's replicas)."""
     if not set(CLOCK_COLUMNS) <= set(df.columns):
         return None
-    return measure_clock(df["replica"], df["created_at"], df["latency_s"], df["continuations"])
+    clock = measure_clock(df["replica"], df["created_at"], df["latency_s"], df["continuations"])
+    if clock is None or gpus_per_replica == 1.0:
+        return clock
+    return GpuClock(clock.busy_s, clock.latency_s, clock.rows, clock.replicas, gpus_per_replica)
 
 
 # --- the yield of a set of rows -------------------------------------------------------
@@ -202,9 +211,10 @@ NOTES = [
     "model's own ids (as a pretokenized export holds them).",
     "GPU time: each row costs latency_s / the mean requests in flight per replica "
     "(Little's law over the first-version rows: summed latency / busy replica time), "
-    "one GPU per replica; cut tokens cost their share of their row. Decode-bound "
-    "(prefill left out); the cut tail runs at the longest KV cache, so it costs "
-    "slightly more than shown.",
+    "x the GPUs per replica (a replica without one counts as one engine); cut tokens cost "
+    "their share of their row. Busy time only (the run's GPU-hours held also count "
+    "start-up and idle engines). Decode-bound (prefill left out); the cut tail runs at "
+    "the longest KV cache, so it costs slightly more than shown.",
 ]
 
 

@@ -16,8 +16,13 @@ An interval "has work" when its idle increase is below ``WORK_FRACTION`` of its 
 Between samples the counter is interpolated; past an engine's last sample (the window
 edges fall between scrapes) it is extrapolated from that sample's state (idle: the counter
 runs at 1 s/s; busy: it stands still), for at most ``EXTRAPOLATE_S`` (longer: the engine is
-gone). GPU-seconds = engine-seconds x GPUs per replica (at least 1: a CPU engine counts as
-one). None when no engine reports the counter.
+gone). GPU-seconds = engine-seconds x GPUs per replica (a replica without a GPU, a CPU
+engine or the simulator, counts as one: jobs/analysis/gpu_hours.py). None when no engine
+reports the counter.
+
+The same records give the GPU-seconds the session's replicas held (``held_gpu_seconds``,
+the session's GPU-hours): each replica from its engine's start (or the session's start,
+if it was up before) to its last scrape, extrapolated up to ``EXTRAPOLATE_S`` as above.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from jobs.analysis.gpu_hours import engine_weight
 
 logger = logging.getLogger("raygen")
 WORK_FRACTION = 0.9
@@ -115,11 +122,34 @@ def idle_gpu_seconds(records: list[dict[str, Any]], t0: float, t1: float,
     total = Split()
     for split in splits:
         total = total.add(split)
-    scale = max(gpus_per_engine, 1.0)
+    scale = engine_weight(gpus_per_engine)
     out: dict[str, Any] = {"total": round(scale * total.total, 1)}
     out.update({p: round(scale * getattr(total, p), 1) for p in PARTS})
     out["engines"] = len(splits)
     return out
+
+
+def held_seconds(record: dict[str, Any], t0: float, t1: float) -> float:
+    """Seconds one replica held its engine in [t0, t1]: from its engine's start (t0 if
+    earlier) to its last scrape, extrapolated by at most EXTRAPOLATE_S (a replica gone
+    between scrapes stops counting there)."""
+    samples = record.get("samples") or []
+    if not samples:
+        return 0.0
+    start = max(t0, record.get("started_at") or t0)
+    end = min(t1, max(s[0] for s in samples) + EXTRAPOLATE_S)
+    return max(0.0, end - start)
+
+
+def held_gpu_seconds(records: list[dict[str, Any]], t0: float, t1: float,
+                     gpus_per_engine: float = 1.0) -> Optional[dict[str, Any]]:
+    """{gpu_s, engines} the replicas held in [t0, t1] (x engine_weight); None when no
+    replica published a record (the engines count no idle time: nothing to read)."""
+    if not records:
+        return None
+    held = [held_seconds(r, t0, t1) for r in records]
+    return {"gpu_s": engine_weight(gpus_per_engine) * sum(held),
+            "engines": sum(1 for h in held if h > 0)}
 
 
 class EngineIdleWatch:
@@ -128,20 +158,26 @@ class EngineIdleWatch:
 
     def __init__(self, app_name: str, gpus_per_engine: float,
                  read: Optional[Callable[[str], list]] = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 held_since: Optional[float] = None):
         if read is None:
             from serve_apps.engine_clock import read_records as read
         self.app, self.gpus, self.read, self.clock = app_name, gpus_per_engine, read, clock
         self.started = clock()  # the engines are ready for this session from here
+        # The session's GPU-hours count from when it began deploying or attaching.
+        self.held_since = self.started if held_since is None else min(held_since, self.started)
         self.records: dict[str, dict[str, Any]] = {}
         self.last: Optional[dict[str, Any]] = None
+        self.held: Optional[dict[str, Any]] = None  # held_gpu_seconds at the last poll
 
     def poll(self) -> Optional[dict[str, Any]]:
         for record in self.read(self.app):
             known = self.records.setdefault(record["replica"], dict(record, samples=[]))
             known["samples"] = _merge(known["samples"], record.get("samples") or [])
-        return idle_gpu_seconds(list(self.records.values()), self.started, self.clock(),
-                                self.gpus)
+        now = self.clock()
+        records = list(self.records.values())
+        self.held = held_gpu_seconds(records, self.held_since, now, self.gpus)
+        return idle_gpu_seconds(records, self.started, now, self.gpus)
 
     def __call__(self) -> Optional[dict[str, Any]]:
         """poll(); a failed read keeps the last figure (it must not stop progress.json)."""

@@ -8,6 +8,10 @@ with the output (the story's resume file said 9,500 done while progress.json sai
 first scan nor the end of the session rereads the run. Rates are windowed; ETA =
 remaining / recent rate. The same figures are set as Ray gauges for the dashboard and
 alerts.
+
+GPU-hours (jobs/analysis/gpu_hours.py) are the one figure the files cannot give: what
+the replicas held is measured (jobs/runs/engine_idle.py), and the run's total goes on
+from what the previous progress.json says, read before this session's first write.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from jobs.analysis import gpu_hours
 from jobs.io import part_summary
 from jobs.io.digests import sorted_contains
 from jobs.io.run_index import RunIndex
@@ -57,7 +62,10 @@ class ProgressTracker:
                  on_stall: Optional[Callable[[float, float], None]] = None,
                  counts: Optional[InputCounts] = None,
                  fence: Optional[Callable[[], Optional[str]]] = None,
-                 engine_idle: Optional[Callable[[], Optional[dict]]] = None):
+                 engine_idle: Optional[Callable[[], Optional[dict]]] = None,
+                 gpu_held: Optional[Callable[[], Optional[dict]]] = None,
+                 gpus_per_engine: Optional[float] = None,
+                 price_per_gpu_hour: Optional[float] = None):
         self.store, self.total, self.run, self.model = store, total, run, model
         self.interval_s, self.gauges = interval_s, gauges
         self.watchdog, self.on_stall = watchdog, on_stall  # fed from the thread's scans
@@ -65,6 +73,11 @@ class ProgressTracker:
         # The run's lease (RunLease.fenced): once it says why, nothing more is written.
         self.fence = fence or (lambda: None)
         self.engine_idle = engine_idle  # jobs/runs/engine_idle.EngineIdleWatch
+        # {gpu_s, engines} the session's replicas held so far (EngineIdleWatch.held,
+        # read after engine_idle() polled); None: no engines this session
+        self.gpu_held = gpu_held
+        self.gpus_per_engine, self.price = gpus_per_engine, price_per_gpu_hour
+        self.carried = gpu_hours.Carried()  # earlier sessions' GPU-hours, read in start()
         self.index = index if index is not None else RunIndex(store)
         self.started = time.time()
         self._history: collections.deque = collections.deque()
@@ -86,6 +99,8 @@ class ProgressTracker:
         # Rows already in the run before this session: excluded from session rates
         # and from the outcome counters; the input's counts go on from them.
         with self._scan_lock:
+            # Before this session's first write replaces it: what the run spent so far.
+            self.carried = gpu_hours.Carried.of(_previous(self.store))
             self.index.refresh()
             self.baseline = (len(self.index.done), self.index.output_tokens)
             self.failed_at_start = self.index.open_failed()  # sorted digests, few
@@ -189,6 +204,8 @@ class ProgressTracker:
             "session_regenerated_damaged": _done_of(c, self.lost_at_start),
             "outside_input": outside,  # rows whose prompt left the input (not counted)
             "engine_idle_gpu_s": self.engine_idle() if self.engine_idle else None,
+            "gpu_hours": self._gpu_hours(tokens - self.baseline[1], remaining,
+                                         tokens / held if held else 0.0),
             # Store calls tried again after a transient S3 error, by kind (s3_retry.py).
             "s3_retries": sum(retries.values()), "s3_retries_by_kind": retries,
         }
@@ -208,6 +225,28 @@ class ProgressTracker:
                     failed, rejected, 100 * snapshot["truncated_fraction"],
                     rows_s, tok_s, _eta(snapshot["eta_s"]))
         return snapshot
+
+
+    def _gpu_hours(self, session_tokens: int, remaining: int,
+                   mean_tokens: float) -> dict[str, Any]:
+        held = self.gpu_held() if self.gpu_held is not None else None
+        if self.gpu_held is None:  # no engines this session (a refused plan): it held none
+            held = {"gpu_s": 0.0, "engines": 0}
+        return gpu_hours.figures(
+            None if held is None else held["gpu_s"], self.carried, session_tokens,
+            remaining, mean_tokens, self.gpus_per_engine,
+            None if held is None else held["engines"], self.price)
+
+
+def _previous(store: RunStore) -> Optional[dict[str, Any]]:
+    """The run's progress.json as the last session left it (None: none, or unreadable:
+    the GPU-hours of sessions it held are then not known and not carried)."""
+    try:
+        found = store.read_json("progress.json")
+    except (OSError, ValueError) as exc:
+        logger.warning("earlier sessions' GPU-hours not read from progress.json: %s", exc)
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _done_of(index: RunIndex, digests: Optional[np.ndarray]) -> int:

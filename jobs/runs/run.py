@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
+from jobs.analysis import gpu_hours
 from jobs.analysis.report import report_and_write
 from jobs.config import RunConfig
 from jobs.io import index_compact
@@ -216,9 +217,11 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
             warm = warmup.start(3 * pipeline.LIGHT_TASKS, pipeline.LIGHT_CPU)
         check_output_reachable(store, cfg)
         with claim_engines(cfg, store):
+            deploying = time.time()  # the session's GPU-hours count from here
             handle = deploy_or_attach(cfg.engine, cfg.serve)
             idle = EngineIdleWatch(cfg.serve.app_name, deployment_options(
-                cfg.engine, cfg.serve)["ray_actor_options"]["num_gpus"])  # engines ready: t0
+                cfg.engine, cfg.serve)["ray_actor_options"]["num_gpus"],  # engines ready: t0
+                held_since=deploying)
             record_provenance(cfg, store, mode, handle)  # <run>/provenance.json, changes logged
             return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
                             expect_all=plan.expect_all, index=index, counts=plan.counts,
@@ -305,7 +308,10 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
                                cfg.job.progress_interval_s, JobGauges.for_config(cfg),
                                index=index, watchdog=watchdog, on_stall=on_stall,
-                               counts=counts, fence=fence, engine_idle=engine_idle).start()
+                               counts=counts, fence=fence, engine_idle=engine_idle,
+                               gpu_held=(lambda: engine_idle.held) if engine_idle else None,
+                               gpus_per_engine=engine_idle.gpus if engine_idle else None,
+                               price_per_gpu_hour=cfg.job.price_per_gpu_hour).start()
     url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
     if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
         logger.info("raygen dashboard for this run: %s", url)
@@ -350,6 +356,8 @@ def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
     text = summary_text(store, progress.index, snap, versions_as, cfg.job.samples_per_prompt)
     if engine_idle is not None:
         text += "\n" + describe_idle(snap.get("engine_idle_gpu_s"))
+    for line in gpu_hours.describe(snap.get("gpu_hours"), snap.get("remaining")):
+        text += "\n" + line
     if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
         text += "\n  nothing to do: every prompt already has a result"
     if lease is not None and lease.takeover:

@@ -1,7 +1,9 @@
 """A resume on S3 after a crash between parts and their sidecars is exact: the run index
 rebuilds the missing sidecars from their parts (and writes them back), the resume
 generates exactly the new prompts, and progress counts every row once. The admission
-pass goes on from the recorded one: the grown input's new lines only, then nothing."""
+pass goes on from the recorded one: the grown input's new lines only, then nothing.
+The run's GPU-hours (engine-hours here: simulated replicas hold no GPU) add up over the
+three sessions, in progress.json, the summary, `raygen status` and the report."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import posixpath
 
 import pytest
 
+from jobs.analysis.gpu_hours import fmt_hours
 from jobs.io import index_compact
 from jobs.io.run_index import RunIndex
 from tests.integration.helpers import assert_run_exact, run, run_config, store_of, write_prompts
@@ -23,8 +26,10 @@ def test_resume_after_losing_sidecars_is_exact(ray_cluster, s3_endpoint, tmp_pat
     prompts = write_prompts(tmp_path / "p.jsonl", FIRST)
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(prompts), app_name="run-index",
                       job={"rows_per_file": 4})
-    assert run(tree).status == "succeeded"
+    first = run(tree)
+    assert first.status == "succeeded"
     store = store_of(tree)
+    spent = [_gpu_hours_of(first, store, earlier=0.0)]
     parts = store.part_paths("data")
     assert len(parts) >= 2
     lost = parts[1:]  # the writer "died" between these parts and their sidecars
@@ -43,6 +48,7 @@ def test_resume_after_losing_sidecars_is_exact(ray_cluster, s3_endpoint, tmp_pat
     assert summary.progress["session_rows"] == ADDED
     assert summary.progress["completed"] == summary.progress["total"] == FIRST + ADDED
     assert_run_exact(tree, [f"p{i:05d}" for i in range(FIRST + ADDED)])
+    spent.append(_gpu_hours_of(summary, store, earlier=spent[-1]))
 
     index = RunIndex.open(store)  # the session's end wrote a compact index: one read
     assert index.reads == {"compact": 1} and len(index.done) == FIRST + ADDED
@@ -57,3 +63,27 @@ def test_resume_after_losing_sidecars_is_exact(ray_cluster, s3_endpoint, tmp_pat
     assert "recorded pass reused: 1 input files unread, 0 new lines parsed" in caplog.text
     assert again.status == "succeeded" and again.progress["session_rows"] == 0
     assert again.progress["completed"] == again.progress["total"] == FIRST + ADDED
+    spent.append(_gpu_hours_of(again, store, earlier=spent[-1]))
+    g = again.progress["gpu_hours"]
+    assert g["sessions"] == 3 and g["output_tokens"] == again.progress["output_tokens"]
+    assert store.read_json("report.json")["gpu_hours"]["spent"] == spent[-1]
+    from jobs.analysis.status import render
+    assert f"gpu-hours  {fmt_hours(spent[-1])} engine-h spent" in render(again.progress)
+
+
+def _gpu_hours_of(summary, store, earlier: float) -> float:
+    """A session's GPU-hours: its two replicas held their engines for about the session's
+    time (no GPU: engine-hours), on top of what the earlier sessions spent; the same in
+    progress.json and the summary. Returns the run's total."""
+    g = summary.progress["gpu_hours"]
+    assert store.read_json("progress.json")["gpu_hours"] == g
+    assert g["unit"] == "engine-h" and g["measured"] and g["engines"] == 2
+    elapsed_h = summary.progress["elapsed_s"] / 3600
+    # from the deploy (before progress starts) to the last update, x 2 replicas
+    assert 2 * elapsed_h * 0.8 <= g["session"] <= 2 * (elapsed_h + 120 / 3600), g
+    assert g["earlier_sessions"] == earlier
+    assert abs(g["spent"] - (earlier + g["session"])) <= 2e-6  # each rounded to 6 places
+    assert g["forecast_rows_left"] == 0.0  # nothing left
+    assert (f"  engine-h:  {fmt_hours(g['session'])} engine-h this session (2 engines, no "
+            f"GPU each: engine-hours), {fmt_hours(g['spent'])} for the run") in summary.text
+    return g["spent"]

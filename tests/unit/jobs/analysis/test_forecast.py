@@ -206,3 +206,32 @@ def test_forecast_of_100k_rows_is_fast():
     rows = F.forecast(df, [5120, 6144, 8192, 16384])
     assert time.process_time() - start < 5.0
     assert len(rows) == 4
+
+
+def test_raising_the_cap_says_what_it_costs_in_gpu_hours():
+    """At the run's measured rate: per cap, 1,000 rows' GPU-hours; above the current cap,
+    continuing this run's truncated rows to it: n x the expected extra tokens per row."""
+    df = frame(lognormal_lengths(4000, MEDIAN, SIGMA, seed=5))
+    rate = 1e6  # output tokens per GPU-hour held
+    rep = F.forecast_report(df, [2048, 4096, 8192, 16384], n_boot=50,
+                            tokens_per_gpu_h=rate, price=2.0)
+    below, now, up, far = rep["rows"]
+    assert now["gpu_hours_per_1k_rows"] == pytest.approx(1000 * now["mean_tokens"] / rate, rel=1e-3)
+    assert now["extra_tokens_per_row"] == 0 and now["continue_gpu_hours"] is None
+    assert below["continue_gpu_hours"] is None  # a lower cap is not a continuation
+    extra = up["mean_tokens"] - now["mean_tokens"]
+    assert up["extra_tokens_per_row"] == pytest.approx(extra, abs=0.2)
+    assert up["continue_gpu_hours"] == pytest.approx(4000 * extra / rate, rel=1e-3)
+    assert up["continue_gpu_hours_lo"] <= up["continue_gpu_hours"] <= up["continue_gpu_hours_hi"]
+    assert far["continue_gpu_hours"] > up["continue_gpu_hours"] > 0
+    assert up["continue_cost"] == pytest.approx(2.0 * up["continue_gpu_hours"], abs=0.01)
+    # Against the truth: the rows cut at 4,096 need E[min(L, 8192)] - E[min(L, 4096)] more.
+    from jobs.analysis.lognormal import parts_below
+    truth = 0.0
+    for c in (8192, 4096):
+        below_c, f_c = parts_below(np.array(MU), np.array(SIGMA), np.array(float(c)))
+        truth += (1 if c == 8192 else -1) * float(below_c + c * (1 - f_c))
+    assert up["extra_tokens_per_row"] == pytest.approx(truth, rel=0.15)
+    # Without a measured rate the fields are there, null.
+    bare = F.forecast_report(df, [8192], n_boot=0)["rows"][0]
+    assert bare["continue_gpu_hours"] is None and bare["gpu_hours_per_1k_rows"] is None

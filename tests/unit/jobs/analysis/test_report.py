@@ -10,6 +10,7 @@ import pytest
 
 from jobs.analysis import report
 from jobs.io.run_store import RunStore
+from jobs.io.storage import write_json_atomic
 from tests.support.run_rows import (failure_row, make_row, reject_row, write_rows)
 
 CAP, CAP2 = 4096, 8192
@@ -231,3 +232,43 @@ def test_a_run_without_flagged_rows_says_nothing_of_them(run):
     assert rep["flagged"] == {"rows": 0, "not_recorded": 0, "by_flag": {},
                               "by_category": {}, "keys": []}
     assert "integrity flags" not in report.render_markdown(rep)
+
+
+def test_the_report_gives_the_runs_gpu_hours_and_prices_each_cap(store):
+    """GPU-hours as the last progress.json recorded them (what the engines held over every
+    session); the what-if at that rate: per 1K rows, and raising the cap to each larger one
+    for this run's truncated rows (their expected extra tokens / the rate)."""
+    from jobs.analysis.gpu_hours import Carried, figures
+    write_rows(store, "data", synthetic_rows(3))
+    gpu = figures(7200.0, Carried(1.0, 400_000, 1, "GPU-h"), 600_000, rows_left=100,
+                  mean_tokens=2000.0, gpus_per_engine=1, engines=2, price=4.0)
+    write_json_atomic(store.loc("progress.json"), {"status": "stopped", "remaining": 100,
+                                                   "gpu_hours": gpu})
+    rep = report.build_report(store, caps=[8192, 16384])  # 8,192: the current cap
+    g = rep["gpu_hours"]
+    assert (g["spent"], g["sessions"], g["output_tokens"]) == (3.0, 2, 1_000_000)
+    rate = 1_000_000 / 3.0
+    assert g["output_tok_per_gpu_h"] == pytest.approx(rate, abs=0.1)
+    assert g["gpu_hours_per_1b_output_tokens"] == pytest.approx(3000.0, abs=0.01)
+    now, up = rep["forecast"]["rows"]
+    assert now["gpu_hours_per_1k_rows"] == pytest.approx(1000 * now["mean_tokens"] / rate, rel=1e-3)
+    n = rep["forecast"]["rows_fitted"]
+    assert now["continue_gpu_hours"] is None and up["extra_tokens_per_row"] > 0
+    assert up["continue_gpu_hours"] == pytest.approx(n * up["extra_tokens_per_row"] / rate, rel=1e-3)
+    assert up["continue_cost"] == pytest.approx(4 * up["continue_gpu_hours"], abs=0.01)
+    md = report.render_markdown(rep)
+    assert ("- Spent: 3 GPU-h over 2 session(s) (GPUs held by the run's replicas x wall time; "
+            "start-up, ramp and idle included), for 1,000,000 output tokens the run gained: "
+            "333K output tok/GPU-h, 3,000.0 GPU-h per 1B output tokens.") in md
+    assert "- Cost at 4.00 per GPU-h: 12.00 spent, ~" in md
+    assert f"| +{report._hours(up['continue_gpu_hours'])} (" in md
+    assert "raise the cap to it: +GPU-h (range), cost" in md
+
+
+def test_a_run_without_recorded_gpu_hours_says_so(store):
+    write_rows(store, "data", synthetic_rows(4)[:50])
+    rep = report.build_report(store, caps=[8192])
+    assert not rep["gpu_hours"]["recorded"] and rep["gpu_hours"]["spent"] is None
+    md = report.render_markdown(rep)
+    assert "Not recorded: the run's progress.json has no gpu_hours" in md
+    assert "- GPU-h columns: no rate measured" in md

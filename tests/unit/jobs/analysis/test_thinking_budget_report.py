@@ -36,7 +36,13 @@ def test_rows_under_two_budgets_read_as_before_and_after(store):
     after = _rows("new", 32, 20, cut_thinking=0, cut_answer=3, at_budget=10)
     write_rows(store, "data", after)
     rep = report.build_report(store)
-    none, budget = rep["thinking_budgets"]
+    none, budget = (dict(e) for e in rep["thinking_budgets"])
+    # GPU time by Little's law: the 40 rows ran together on one replica for 1 s (each
+    # latency 1 s, all written at T0): 40 in flight, 1/40 replica-second each.
+    gpu = {k: (none.pop(k), budget.pop(k)) for k in
+           ("gpu_hours", "truncated_while_thinking_gpu_hours")}
+    assert gpu["gpu_hours"] == (float(f"{20 / 40 / 3600:.4g}"),) * 2
+    assert gpu["truncated_while_thinking_gpu_hours"] == (float(f"{6 / 40 / 3600:.4g}"), 0.0)
     assert none == {"max_thinking_tokens": None, "rows": 20, "truncated": 8,
                     "truncated_while_thinking": 6, "truncated_in_answer": 2,
                     "thinking_ended_at_budget": None, "mean_reasoning_tokens": 44.0,
@@ -47,8 +53,8 @@ def test_rows_under_two_budgets_read_as_before_and_after(store):
                       "mean_output_tokens": 83.0}
     md = report.render_markdown(rep)
     assert "Thinking budget (max_thinking_tokens): none (20 rows), 32 (20 rows)." in md
-    assert "| none | 20 | 8 | 6 | 2 | - | 44.0 | 88.0 |" in md
-    assert "| 32 | 20 | 3 | 0 | 3 | 10 | 26.5 | 83.0 |" in md
+    assert "| none | 20 | 8 | 6 | 2 | - | 44.0 | 88.0 | 0.000139 | 4.17e-05 |" in md
+    assert "| 32 | 20 | 3 | 0 | 3 | 10 | 26.5 | 83.0 | 0.000139 | 0 |" in md
 
 
 def test_a_run_without_a_budget_says_none_and_has_no_budget_section(store):

@@ -153,3 +153,33 @@ def test_the_relay_keeps_the_values_the_clock_publishes(monkeypatch):
     assert relay.values == {IDLE_COUNTER: 12.5, "sglang:num_running_reqs": 5.0}
     relay.relay('sglang:num_queue_reqs{model_name="m"} 1.0\n')  # an engine without the counter
     assert relay.values == {"sglang:num_queue_reqs": 1.0}
+
+
+def test_held_gpu_seconds_from_engine_start_or_session_start_to_the_last_scrape():
+    """The session's GPU-hours: an engine up before the session counts from the session's
+    start, one started during it from its start (its model load held the GPU too), one
+    gone from its last scrape (+ the extrapolation), and an old crashed replica's key
+    not at all."""
+    from jobs.runs.engine_idle import held_gpu_seconds, held_seconds
+    up = record(SERIES, "r1", started_at=0.0)          # scraped 95..135
+    late = record([(152, 2, False), (165, 2, False)], "r2", started_at=120, ready_at=150)
+    gone = record([(10, 5, False)], "old")
+    assert held_seconds(up, 90, 140) == 50              # session start to now
+    assert held_seconds(up, 90, 400) == 135 + EXTRAPOLATE_S - 90
+    assert held_seconds(late, 90, 170) == 50            # from its engine's start
+    assert held_seconds(gone, 90, 170) == 0
+    held = held_gpu_seconds([up, late, gone], 90, 140, gpus_per_engine=1)
+    assert held == {"gpu_s": 50 + 20, "engines": 2}
+    assert held_gpu_seconds([up], 90, 140, gpus_per_engine=0)["gpu_s"] == 50  # engine-s
+    assert held_gpu_seconds([up], 90, 140, gpus_per_engine=2)["gpu_s"] == 100
+    assert held_gpu_seconds([], 90, 140) is None
+
+
+def test_watch_counts_held_time_from_the_sessions_deploy():
+    now = {"t": 130.0}
+    watch = EngineIdleWatch("app", 1, read=lambda app: [record(SERIES)],
+                            clock=lambda: now["t"], held_since=90.0)
+    assert watch.held is None  # nothing polled yet
+    watch()
+    assert watch.held == {"gpu_s": 40.0, "engines": 1}
+    assert watch.started == 130.0  # idle still counts from the engines' readiness
