@@ -15,7 +15,7 @@ import time
 import urllib.request
 from typing import Optional
 
-from prometheus_client.parser import text_string_to_metric_families
+from jobs.tune.measure import metric_sums
 
 GEN = "sglang:generation_tokens"  # the parser strips _total from counter families
 CAPACITY = "sglang:sim_capacity_tok_s"
@@ -25,15 +25,10 @@ QUEUED = "sglang:num_queue_reqs"
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """The engine's /metrics, each sample summed over its labels (what `raygen tune`
+    reads too: jobs/tune/measure.metric_sums)."""
     with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
+        return metric_sums(resp.read().decode())
 
 
 def generation_tokens(url: str) -> float:

@@ -17,7 +17,15 @@ tests show the checks failing that way on SGLang's CPU engine.
 
 It attaches to a running Serve app of the config's name with the same engine (that
 engine is then what is checked) or deploys one replica, which it deletes on the way out;
-a Ray cluster it started is stopped too. Exit 0: every check passed; 1: a check failed
+a Ray cluster it started is stopped too.
+
+Then, on the GPU its replica freed, the tuning sweep (`raygen tune`, jobs/tune/): the
+config's engine at a ladder of concurrencies around its running-request cap, on the
+smoke's prompts, printing output tok/s per GPU, GPU-hours per 1B output tokens, token
+usage, retractions and the settings it recommends. It only prints: a sweep that fails
+or finds nothing clean leaves the smoke's verdict as the checks made it. ``--tune-seconds``
+sets each point's length (0: no sweep); an app that was up before the smoke holds the
+GPU, so the sweep is skipped then. Exit 0: every check passed; 1: a check failed
 (each printed as ``gpu_smoke: FAILED <check>: ...``, with the run's error when it ended
 early); 2: this machine cannot run it (a cuda engine and no GPU, no SGLang 0.5.23) or the
 arguments or config are wrong (nothing started).
@@ -28,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".local" / "gpu-smoke"
 DEFAULT_CONFIG = REPO / "jobs" / "configs" / "qwen36-27b-b200.yaml"
 SGLANG = "0.5.23"
+TUNE_POINT_S = 20.0
 SERVER_INFO_KEYS = ("version", "model_path", "device", "context_length", "max_total_num_tokens",
                     "max_running_requests", "speculative_algorithm",
                     "speculative_num_draft_tokens", "attention_backend", "mem_fraction_static")
@@ -67,31 +75,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=64, help="prompts sent (default 64)")
     p.add_argument("--prompts", help="a JSONL prompt file (default: the demo's mixed set)")
     p.add_argument("--output", default=str(WORK / "runs"), help="local folder for the rows")
+    p.add_argument("--tune-seconds", type=float, default=TUNE_POINT_S, metavar="S",
+                   help=f"seconds per point of the tuning sweep after the checks (default "
+                        f"{TUNE_POINT_S:g}; 0: no sweep); it prints, it never fails the smoke")
     args = p.parse_args(argv)
     if args.rows < 1:
         p.error("--rows must be positive")
+    if args.tune_seconds < 0:
+        p.error("--tune-seconds must be 0 or more")
     return args
 
 
 def gpu_problem() -> Optional[str]:
-    """Why this machine cannot run a cuda engine, or None."""
-    try:
-        from importlib.metadata import version
-        installed = version("sglang")
-    except Exception:  # noqa: BLE001 - not installed at all
-        installed = None
-    if installed != SGLANG:
-        return (f"SGLang {SGLANG} is not installed in {sys.executable} (found {installed}); "
-                f"run this script in the raygen image or with PYTHON=<a venv with sglang=="
-                f"{SGLANG} and its CUDA stack>")
-    smi = shutil.which("nvidia-smi")
-    listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30) \
-        if smi else None
-    if listed is None or listed.returncode != 0 or "GPU" not in listed.stdout:
-        why = "nvidia-smi not found" if smi is None else \
-            (listed.stderr.strip() or listed.stdout.strip() or "it lists no GPU")
-        return f"no NVIDIA GPU on this machine ({why}): this smoke test needs one"
-    return None
+    """Why this machine cannot run a cuda engine, or None (jobs/tune/plan.py asks the same
+    for `raygen tune`)."""
+    from jobs.tune.plan import gpu_problem as problem
+    found = problem()
+    if found and found.startswith("SGLang"):
+        found += f" (this script: PYTHON=<that venv's python> {sys.argv[0]})"
+    return found
 
 
 def _folder(path: str, flag: str) -> str:
@@ -176,6 +178,41 @@ def run_phase(tree: dict[str, Any], prompts: int):
     return phase, figures, error
 
 
+def tune_tree(config: str, smoke: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's config: the user's (its replicas and actors are what the recommended
+    settings are for) with the smoke's engine section (--model, --draft) and prompts."""
+    tree = yaml.safe_load(Path(config).read_text())
+    tree["engine"] = smoke["engine"]
+    tree["job"]["input"] = smoke["job"]["input"]
+    tree["storage"] = smoke["storage"]
+    return tree
+
+
+def tune_step(config: str, smoke: dict[str, Any], point_s: float, ours: bool,
+              say=print) -> None:
+    """The tuning sweep after the checks (jobs/tune/): printed, never raising."""
+    if point_s <= 0:
+        return
+    if not ours:
+        say("gpu_smoke: tune skipped: the engine's app was running before the smoke (its "
+            "GPU is in use); run `raygen tune --config FILE` on a free GPU")
+        return
+    try:
+        from jobs.config import parse_config
+        from jobs.tune.command import tune
+        from jobs.tune.plan import plan
+        from jobs.tune.prompts import sample_prompts
+        cfg = parse_config(tune_tree(config, smoke))
+        sweep = plan(cfg, point_s=point_s)
+        result = tune(cfg, sweep, sample_prompts(cfg, sweep.sample),
+                      say=lambda line: say(f"gpu_smoke: {line}"))
+        for line in result["lines"]:
+            say(f"gpu_smoke: {line}" if line else "gpu_smoke:")
+    except Exception as exc:  # noqa: BLE001 - the sweep informs; the checks decide
+        say(f"gpu_smoke: tune failed (the checks above decide the exit code): "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+
 def leftover_engines() -> list[int]:
     """Engine processes still running (none may be left by a smoke run that started them)."""
     out = subprocess.run(["pgrep", "-f", "sglang.launch_server"], capture_output=True, text=True)
@@ -247,6 +284,7 @@ def main(argv: list[str]) -> int:
                 print(f"gpu_smoke: engines still running after the smoke: {left}",
                       file=sys.stderr)
                 status = 1
+    tune_step(args.config, tree, args.tune_seconds, ours)
     print(f"gpu_smoke: {'ok' if status == 0 else 'failed'}", flush=True)
     return status
 

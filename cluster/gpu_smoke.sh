@@ -8,10 +8,12 @@
 #
 # Run from anywhere; it works in the repository it lives in. Exit 0: every check passed;
 # 1: a check failed (each named on stderr); 2: this machine cannot run it (a cuda engine
-# and no GPU, no SGLang) or the arguments are wrong. A hard stop after SMOKE_TIMEOUT_S
-# (default 900 s: a 27B model loads in minutes).
+# and no GPU, no SGLang) or the arguments are wrong. After the checks it runs the tuning
+# sweep (`raygen tune`: printed, never failing; --tune-seconds 0 skips it). A hard stop
+# after SMOKE_TIMEOUT_S (default 1500 s: a 27B model loads in minutes, twice: the smoke's
+# engine, then the sweep's).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/.."
 PY="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || command -v python3 )}"
-exec timeout --kill-after=20 "${SMOKE_TIMEOUT_S:-900}" "$PY" -m cluster.gpu_smoke "$@"
+exec timeout --kill-after=20 "${SMOKE_TIMEOUT_S:-1500}" "$PY" -m cluster.gpu_smoke "$@"

@@ -41,6 +41,10 @@ COMMANDS = {  # name: (one-line help, examples)
                ["raygen report --config FILE --what-if 5120,6144,8192"]),
     "finalize": ("write <run>/final/: one row per prompt + manifest.json",
                  ["raygen finalize --config FILE"]),
+    "tune": ("sweep one engine of the config on the run's prompts; recommend its running "
+             "cap and rows in flight",
+             ["raygen tune --config jobs/configs/demo-sim.yaml --point-seconds 10",
+              "raygen tune --config FILE --concurrency 16,32,48,64 --caps 48,64"]),
     "export": ("export the latest rows as drafter training data",
                ["raygen export --config FILE --format pretokenized --out s3://bucket/exports/demo",
                 "raygen export RUN --format messages --out ./demo-sft --file-type parquet "
@@ -54,7 +58,8 @@ MODULES = {"generate": ("jobs.generate", "add_args"),
            "status": ("jobs.analysis.status", "add_args"),
            "report": ("jobs.analysis.report", "add_args"),
            "finalize": ("jobs.analysis.finalize", "add_args"),
-           "export": ("jobs.analysis.export", "add_args")}
+           "export": ("jobs.analysis.export", "add_args"),
+           "tune": ("jobs.tune.command", "add_args")}
 
 
 def one_line(exc: BaseException) -> str:

@@ -52,6 +52,7 @@ MODULE_BUDGET_S: dict[str, float] = {
     "tests/contract/jobs/pipeline/test_validate_processes.py": 1,
     "tests/contract/jobs/test_console_script.py": 1,
     "tests/contract/jobs/test_lazy_imports.py": 1,
+    "tests/contract/jobs/test_tune.py": 18,  # new: one simulator start, 3 points of 3 s
     "tests/contract/sglang/test_install.py": 1,
     "tests/contract/sglang/test_sglang_contract.py": 6,
     "tests/contract/sglang/test_sglang_differential.py": 18,
