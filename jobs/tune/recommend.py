@@ -14,6 +14,8 @@ means for the config, and the table (pure: tests/unit/jobs/tune/).
   from its queue only what its pool holds). As config overrides: job.inflight_rows_per_actor
   = rows in flight x replicas / generate actors, serve.max_ongoing_requests twice the
   rows per replica (what the config check asks).
+- When the engine ran fewer at once than asked while requests queued, its admission by
+  free KV tokens (SGLang's scheduler) bound the point, not the cap: said in a note.
 - Figures per GPU: the engine's tok/s over the GPUs a replica holds (one for a cuda
   engine; a replica without a GPU counts as one engine, jobs/analysis/gpu_hours.py), and
   GPU-hours per 1B output tokens = 1e9 / (tok/s per GPU x 3600).
@@ -40,6 +42,12 @@ def clean(p: Point) -> bool:
 def running_of(p: Point) -> int:
     """Requests the point ran at once: its concurrency, at most its cap."""
     return min(p.concurrency, p.cap)
+
+
+def admitted_below(p: Point) -> bool:
+    """The engine held the point below what it was asked to run, requests queued: its
+    admission by free KV tokens bound it, not the cap."""
+    return p.queued >= 1 and p.running < 0.9 * running_of(p)
 
 
 def per_gpu(p: Point, gpus_per_engine: Optional[float]) -> float:
@@ -83,7 +91,12 @@ def recommend(points: Sequence[Point], replicas: int, actors: int,
         f"job.inflight_rows_per_actor={per_actor}",
         f"serve.max_ongoing_requests={max(2 * share, cap)}"])
     widest = max(running_of(p) for p in measured)
-    if running_of(best) == widest and best.output_tok_s >= NEAR_BEST * max(
+    if admitted_below(best):
+        rec.notes.append(f"the engine ran {best.running:.1f} requests at once there with "
+                         f"{best.queued:.1f} queued: its KV pool's admission bound the batch, "
+                         f"not the cap (a cap above ~{math.ceil(best.running)} changes little "
+                         f"at this budget; a larger pool would)")
+    elif running_of(best) == widest and best.output_tok_s >= NEAR_BEST * max(
             p.output_tok_s for p in measured):
         rec.notes.append(f"throughput was still rising at the most requests swept ({widest}): "
                          f"a larger cap may do more (--caps {widest},{2 * widest}; each cap "

@@ -65,6 +65,19 @@ def test_still_rising_at_the_top_says_to_sweep_larger_caps():
                for n in rec.notes)
 
 
+def test_an_engine_whose_pool_admits_fewer_than_asked_is_said_so_not_rising():
+    """SGLang's CPU engine with a 2,048-token pool at budget 256 ran ~2.7 of 16 asked
+    (the rest queued): the pool's admission bound it, so no 'sweep larger caps'."""
+    pts = [point(2, 211), point(8, 272), point(16, 298)]
+    for p, running, queued in zip(pts, (1.9, 2.7, 2.7), (0.0, 5.0, 13.1)):
+        p.running, p.queued = running, queued
+    rec = R.recommend(pts, replicas=2, actors=1)
+    assert rec.cap == 16
+    assert any("ran 2.7 requests at once there with 13.1 queued: its KV pool's admission "
+               "bound the batch" in n for n in rec.notes)
+    assert not any("still rising" in n for n in rec.notes)
+
+
 def test_a_few_retractions_among_many_rows_are_tolerated_but_not_among_few():
     assert R.clean(point(48, 1.0, retracted=1, rows=150))
     assert not R.clean(point(48, 1.0, retracted=1, rows=50))
