@@ -86,4 +86,7 @@ def _speculative_args(spec: SpeculativeConfig) -> list[str]:
 
 def engine_env(cfg: SGLangEngineConfig) -> dict[str, str]:
     """Variables the engine process gets on top of the replica's (CPU engines only)."""
-    return sglang_cpu.engine_env() if cfg.device == "cpu" else {}
+    if cfg.device != "cpu":
+        return {}
+    draft = cfg.speculative.draft_model_path if cfg.speculative else None
+    return sglang_cpu.engine_env(model_paths=[cfg.model_path] + ([draft] if draft else []))

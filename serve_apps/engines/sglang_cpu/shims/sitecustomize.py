@@ -7,6 +7,7 @@ and every other raygen process never see it; the GPU image does not contain it
 (.dockerignore).
 
 What it fixes, each when the module concerned first loads:
+- torch.compile compiles a function at its first call instead of at import (below);
 - torchvision's op schemas (torchvision_ops.py; also run in-process by the model builder);
 - strict thinking's vocabulary mask on CPU (below);
 - speculative decoding of a topk-1 draft chain on torch_native attention
@@ -69,9 +70,41 @@ def _cpu_vocab_mask(module):
     backend.apply_vocab_mask = staticmethod(apply_vocab_mask)
 
 
+# --- torch.compile at first call, not at import -----------------------------------------
+# SGLang decorates dozens of functions with @torch.compile at import time; each decoration
+# imports torch's inductor stack (~5 CPU-s in every engine process: a third of a CPU
+# engine's start), though the CPU path (torch_native attention, no CUDA graphs) calls
+# almost none of them. Here a decorated function is compiled exactly as before, by the
+# real torch.compile with the same arguments, at its first call; modules (and anything
+# not a plain function) are compiled at once, as before.
+
+
+def _compile_at_first_call(module):
+    import functools
+    import types
+    real = module.compile
+
+    def compile(model=None, **options):
+        if model is None:  # @torch.compile(...) with arguments
+            return lambda fn: compile(fn, **options)
+        if not isinstance(model, types.FunctionType):
+            return real(model, **options)
+        compiled = None
+
+        @functools.wraps(model)
+        def first_call_compiles(*args, **kwargs):
+            nonlocal compiled
+            if compiled is None:
+                compiled = real(model, **options)
+            return compiled(*args, **kwargs)
+        return first_call_compiles
+    module.compile = compile
+
+
 # --- speculative decoding (a topk-1 draft chain): cpu_speculation.py -------------------
 
 cpu_speculation = importlib.import_module("cpu_speculation")  # imports no SGLang, no torch
 
 sys.meta_path.insert(0, _PatchOnLoad({
+    "torch": _compile_at_first_call,
     "sglang.srt.constrained.xgrammar_backend": _cpu_vocab_mask, **cpu_speculation.PATCHES}))

@@ -119,3 +119,28 @@ def test_engine_output_goes_to_the_replica_log_file_only(tmp_path):
         serve_logger.handlers[:] = saved[0]
         engine_process.logger.propagate, engine_process.logger.handlers[:] = saved[1], saved[2]
         file_handler.close()
+
+
+def _model(tmp_path, name: str, model_type) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    if model_type is not None:
+        (folder / "config.json").write_text(f'{{"model_type": "{model_type}"}}')
+    return str(folder)
+
+
+def test_a_cpu_engine_loads_only_the_registry_modules_of_the_models_it_serves(tmp_path):
+    """SGLANG_DISABLED_MODEL_ARCHS: every module of SGLang's model registry but the ones
+    named by the served models' model_type (the target's and its draft's); nothing is
+    disabled when a type has no module of that name or a config cannot be read."""
+    registry = tmp_path / "models"
+    registry.mkdir()
+    for name in ("__init__", "llama", "qwen2", "qwen3", "qwen3_moe", "grok"):
+        (registry / f"{name}.py").write_text("")
+    target, draft = _model(tmp_path, "t", "qwen3"), _model(tmp_path, "d", "llama")
+    assert sglang_cpu.other_model_archs([target], registry) == "grok,llama,qwen2,qwen3_moe"
+    assert sglang_cpu.other_model_archs([target, draft], registry) == "grok,qwen2,qwen3_moe"
+    assert sglang_cpu.other_model_archs([_model(tmp_path, "x", "mamba9")], registry) is None
+    assert sglang_cpu.other_model_archs([_model(tmp_path, "n", None)], registry) is None
+    assert sglang_cpu.other_model_archs(["Qwen/Qwen3-8B"], registry) is None  # a hub name
+    assert sglang_cpu.other_model_archs([target], tmp_path / "no-sglang") is None
