@@ -61,17 +61,45 @@ def pytest_configure(config):
         _TIMES = ModuleTimes()
 
 
+# Each test's CPU: its worker's process tree (the test process, its Ray cluster, S3 server,
+# engines, drivers) from its setup to the end of its teardown (tests/support/tree_cpu.py),
+# carried to the reporting process on the teardown report.
+_CPU_AT_SETUP: dict[str, float] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    if "unit" not in item.keywords:  # a unit test starts no process: its wall is its CPU
+        from tests.support.tree_cpu import tree_cpu_s
+        _CPU_AT_SETUP[item.nodeid] = tree_cpu_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and item.nodeid in _CPU_AT_SETUP:
+        from tests.support.tree_cpu import tree_cpu_s
+        spent = tree_cpu_s() - _CPU_AT_SETUP.pop(item.nodeid)
+        outcome.get_result().user_properties.append(("cpu_s", round(spent, 3)))
+
+
 def pytest_runtest_logreport(report):
     if _TIMES is not None:
-        _TIMES.add(report.nodeid, report.duration)
+        _TIMES.add(report.nodeid, report.duration,
+                   dict(report.user_properties).get("cpu_s", 0.0))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _TIMES is None or not _TIMES.times:
         return
-    from tests.support.budget import report
+    from tests.support.budget import cpu_lines, report
     terminalreporter.section("time budget (module sums, tests/support/budget.py)")
     for line in report(_TIMES.times):
         terminalreporter.write_line(line)
+    if _TIMES.cpu:
+        terminalreporter.section("CPU by module (each test's process tree, tests/support/tree_cpu.py)")
+        for line in cpu_lines(_TIMES.cpu):
+            terminalreporter.write_line(line)
     if os.environ.get("RAYGEN_TEST_TIMES"):
         _TIMES.write(Path(os.environ["RAYGEN_TEST_TIMES"]))

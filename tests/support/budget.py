@@ -159,16 +159,41 @@ def report(times: Mapping[str, float]) -> list[str]:
 
 
 class ModuleTimes:
-    """Accumulates finished test phases by module (pytest's TestReport: nodeid, duration)."""
+    """Accumulates finished test phases by module (pytest's TestReport: nodeid, duration,
+    and the CPU seconds tests/conftest.py measured over the test's process tree)."""
 
     def __init__(self) -> None:
         self.times: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
 
-    def add(self, nodeid: str, duration: float) -> None:
+    def add(self, nodeid: str, duration: float, cpu_s: float = 0.0) -> None:
         self.times[module_of(nodeid)] += duration
+        if cpu_s:
+            self.cpu[module_of(nodeid)] += cpu_s
 
     def write(self, path: Path) -> None:
+        """The module sums, and beside them (``<path>.cpu.json``) the module CPU seconds."""
         path.write_text(json.dumps(dict(sorted(self.times.items())), indent=1) + "\n")
+        cpu_path(path).write_text(json.dumps(
+            {m: round(s, 1) for m, s in sorted(self.cpu.items())}, indent=1) + "\n")
+
+
+def cpu_path(times_path: Path) -> Path:
+    return times_path.with_name(times_path.name + ".cpu.json")
+
+
+def cpu_lines(cpu: Mapping[str, float], top: int = 15) -> list[str]:
+    """The CPU the tiers and their costliest modules used (the suite is CPU-bound: its wall
+    time is about this over the machine's 2 cores)."""
+    lines = []
+    for tier in TIERS:
+        modules = {m: s for m, s in cpu.items() if tier_of(m) == tier}
+        if modules:
+            lines.append(f"{tier}: {sum(modules.values()):.0f} CPU-s")
+    for module, seconds in sorted(cpu.items(), key=lambda kv: -kv[1])[:top]:
+        if tier_of(module) != "unit":
+            lines.append(f"  {module}: {seconds:.0f} CPU-s")
+    return lines
 
 
 def load(paths: Iterable[Path]) -> dict[str, float]:

@@ -3,6 +3,7 @@ module has its share, and the end-of-run report names what is over."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.support import budget
@@ -60,3 +61,23 @@ def test_the_report_names_modules_over_budget_and_unbudgeted_ones(monkeypatch, t
     assert not any("test_b.py" in line for line in lines)  # 90 of 100: within
     times.write(tmp_path / "t.json")
     assert budget.load([tmp_path / "t.json"])["tests/integration/test_a.py"] == 16
+
+
+def test_module_cpu_is_summed_and_written_beside_the_times(tmp_path):
+    times = ModuleTimes()
+    times.add("tests/integration/test_a.py::t1", 5.0, 12.5)
+    times.add("tests/integration/test_a.py::t2", 1.0, 0.5)
+    times.add("tests/contract/x/test_b.py::t", 2.0)
+    assert times.cpu == {"tests/integration/test_a.py": 13.0}
+    times.write(tmp_path / "t.json")
+    assert json.loads(budget.cpu_path(tmp_path / "t.json").read_text()) == {
+        "tests/integration/test_a.py": 13.0}
+    assert budget.cpu_lines(times.cpu) == ["integration: 13 CPU-s",
+                                           "  tests/integration/test_a.py: 13 CPU-s"]
+
+
+def test_a_process_trees_cpu_includes_the_process_itself_and_is_zero_for_none():
+    from tests.support.tree_cpu import _stat, tree_cpu_s
+    own = _stat(str(__import__("os").getpid()))[1]
+    assert tree_cpu_s() >= own > 0
+    assert tree_cpu_s(2 ** 22 + 12345) == 0.0  # no such process
