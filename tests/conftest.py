@@ -63,15 +63,19 @@ def pytest_configure(config):
 
 # Each test's CPU: its worker's process tree (the test process, its Ray cluster, S3 server,
 # engines, drivers) from its setup to the end of its teardown (tests/support/tree_cpu.py),
-# carried to the reporting process on the teardown report.
+# carried to the reporting process on the teardown report. Unit tests start no process:
+# their wall time is their CPU, and the sampler is not started for them.
+_TREE = None
 _CPU_AT_SETUP: dict[str, float] = {}
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    if "unit" not in item.keywords:  # a unit test starts no process: its wall is its CPU
-        from tests.support.tree_cpu import tree_cpu_s
-        _CPU_AT_SETUP[item.nodeid] = tree_cpu_s()
+    global _TREE
+    if "unit" not in item.keywords:
+        from tests.support.tree_cpu import TreeCpu
+        _TREE = _TREE or TreeCpu()
+        _CPU_AT_SETUP[item.nodeid] = _TREE.total_s()
     yield
 
 
@@ -79,8 +83,7 @@ def pytest_runtest_setup(item):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     if call.when == "teardown" and item.nodeid in _CPU_AT_SETUP:
-        from tests.support.tree_cpu import tree_cpu_s
-        spent = tree_cpu_s() - _CPU_AT_SETUP.pop(item.nodeid)
+        spent = _TREE.total_s() - _CPU_AT_SETUP.pop(item.nodeid)
         outcome.get_result().user_properties.append(("cpu_s", round(spent, 3)))
 
 

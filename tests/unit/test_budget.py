@@ -76,8 +76,9 @@ def test_module_cpu_is_summed_and_written_beside_the_times(tmp_path):
                                            "  tests/integration/test_a.py: 13 CPU-s"]
 
 
-def test_a_process_trees_cpu_includes_the_process_itself_and_is_zero_for_none():
-    from tests.support.tree_cpu import _stat, tree_cpu_s
-    own = _stat(str(__import__("os").getpid()))[1]
-    assert tree_cpu_s() >= own > 0
-    assert tree_cpu_s(2 ** 22 + 12345) == 0.0  # no such process
+def test_a_process_tree_lists_the_process_itself_and_nothing_for_no_process():
+    import os
+    from tests.support.tree_cpu import tree
+    mine = tree(os.getpid())
+    assert [pid for pid, _ in mine] == [os.getpid()] and list(mine.values())[0] > 0
+    assert tree(2 ** 22 + 12345) == {}  # no such process
