@@ -4,11 +4,12 @@ Row contract (the columns it needs: ``stage_inputs``, checked per batch): reads 
 admitted row (key, id, category, messages, tools, source, line, prompt_hash, and
 sample + seed with job.samples_per_prompt > 1; rejects never get here: the driver's
 admission pass writes them) or, in a
-continue or regenerate run (``StageSettings.continue_to`` / ``regenerate``), a data/ row
-(regenerated: its prompt sent again, written as its next version; with job.regenerate
-every_turn, the prompt is the conversation up to its next turn, jobs/pipeline/turns.py,
-and a round's row is written as its next version); outputs STAGE_OUTPUT rows
-whose ``_kind`` says where they go (data / failures).
+continue, regenerate or next-turn session, a data/ row (continued token-exactly,
+regenerated: its prompt sent again, or its conversation's next turn, each written as its
+next version); outputs STAGE_OUTPUT rows whose ``_kind`` says where they go (data /
+failures). What differs by mode (the columns, the request, the row, the failure row,
+the breaker's flags verdict) is the mode's strategy's (jobs/pipeline/modes.py), asked
+through ``StageSettings.strategy``; this stage only sends, retries and judges.
 
 Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
 concurrent batches (row-level slots, ``jobs.pipeline.row_sender``), so when one row finishes the
@@ -23,7 +24,6 @@ row is returned (jobs/io/condemned.py).
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -35,45 +35,29 @@ from jobs.pipeline.category_cap import CategoryCap
 from jobs.pipeline.integrity_metrics import IntegrityCounters
 from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
                                  error_text, is_replica_bug, replica_error_class)
+from jobs.pipeline.modes import Mode
 from jobs.pipeline.row_sender import RowSender
-from jobs.pipeline import turns
-from jobs.pipeline.rows import continued_row, data_row, failure_row, stopped_row, to_table
+from jobs.pipeline.rows import to_table
 from jobs.pipeline.settings import StageSettings
 from jobs.pipeline.stage_inputs import StageInputs
 from jobs.io.condemned import write_record
 from jobs.io.run_store import RunStore
-from jobs.io.samples import SEED_FIELD
-
-
-# Every session's rows carry these: its requests and its data and failure rows are made
-# from them (jobs/pipeline/rows.py).
-GENERATE_INPUTS = StageInputs("generate", {
-    "key": "the request's and the row's key", "id": "the input id the row keeps",
-    "category": "the metric label and the row's category",
-    "messages": "the prompt, JSON", "tools": "the prompt's tools, JSON or null"})
-# A continue session sends a data/ row's own ids and adds its counts up (rows.continued_row).
-CONTINUE_INPUTS = {name: "the data/ row being continued" for name in (
-    "version", "prompt_token_ids", "output_token_ids", "completion_tokens",
-    "reasoning_tokens", "finished_thinking", "spec_verify_ct", "latency_s",
-    "budget_history", "continuations")}
 
 
 def stage_inputs(stage: StageSettings) -> StageInputs:
-    """The columns this session's rows must carry."""
-    if stage.continue_to:
-        return GENERATE_INPUTS | CONTINUE_INPUTS
-    if stage.regenerate or stage.next_turn:
-        return GENERATE_INPUTS | {"version": "the row written is its next version"}
-    return GENERATE_INPUTS
+    """The columns this session's rows must carry (its mode's)."""
+    if stage.mode is Mode.REGENERATE:
+        return stage.strategy.inputs | {"version": "the row written is its next version"}
+    return stage.strategy.inputs
 
 
 def stage_breaker(stage: StageSettings) -> Breaker:
     """The session's breaker (jobs.pipeline.retry): job.breaker, without the fleet-wide
-    flags verdict for rows chosen by their earlier output (regenerate: flagged or
-    condemned; continue: cut at the budget, where loops gather), whose flag rate says
-    nothing about the fleet."""
+    flags verdict for rows chosen by their earlier output (the mode says: regenerate,
+    flagged or condemned; continue, cut at the budget, where loops gather), whose flag
+    rate says nothing about the fleet."""
     settings = stage.breaker.model_dump()
-    if stage.regenerate or stage.continue_to:
+    if not stage.strategy.judges_flags or stage.mode is Mode.REGENERATE:
         settings["max_flagged_fraction"] = None
     return Breaker(**settings)
 
@@ -92,37 +76,12 @@ class GenerateRows:
         self.integrity = IntegrityCounters(stage.run, stage.model)
 
     def _request(self, row: dict[str, Any]) -> GenerateRequest:
-        stage = self.stage
-        sampling = stage.sampling  # + the sample's seed (n > 1; a continued row's own)
-        if row.get("seed") is not None:
-            sampling = dict(sampling, **{SEED_FIELD: int(row["seed"])})
-        request = GenerateRequest(key=row["key"], run=stage.run,
-                                  category=self.category_label(row["category"]),  # a label
-                                  max_new_tokens=stage.max_new_tokens, sampling=sampling,
-                                  context_policy=stage.context_policy)
-        if stage.continue_to:  # token-exact: prompt ids + output ids, as ids
-            prompt = list(row["prompt_token_ids"])
-            request.input_ids = prompt + list(row["output_token_ids"])
-            request.prompt_len = len(prompt)
-            request.max_new_tokens = stage.continue_to - row["completion_tokens"]
-        else:
-            request.messages = json.loads(row["messages"])
-            request.tools = json.loads(row["tools"]) if row["tools"] else None
-            if stage.every_turn:  # the conversation up to its next turn, the model's own
-                earlier = row.get("turns") or []
-                request.messages = turns.prompt_messages(request.messages, earlier)
-                request.assistant_spans = bool(earlier)
-        return request
+        return self.stage.strategy.request(row, self.stage, self.category_label(row["category"]))
 
     def _data_row(self, row: dict[str, Any], result, attempt: int) -> dict[str, Any]:
-        if self.stage.continue_to:
-            return continued_row(row, result, self.stage, attempt)
-        out = data_row(row, result, self.stage, attempt)
-        if self.stage.regenerate or self.stage.next_turn:  # a new output of a key data/ holds
+        out = self.stage.strategy.data_row(row, result, self.stage, attempt)
+        if self.stage.mode is Mode.REGENERATE:  # a new output of a key data/ holds
             out["version"] = row["version"] + 1
-        if self.stage.every_turn:
-            out = turns.with_turn(out, row.get("turns") or [], result,
-                                  json.loads(row["messages"]))
         return out
 
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -157,10 +116,8 @@ class GenerateRows:
                 await asyncio.sleep(backoff_s(attempt, self.retries.backoff_initial_s,
                                               self.retries.backoff_max_s))
                 continue
-            if self.stage.next_turn and not retryable:  # the conversation ends here
-                out = stopped_row(row, error_class, attempt)
-            else:
-                out = failure_row(row, error_class, message, attempt, self.stage, replica)
+            out = self.stage.strategy.failed(row, error_class, message, attempt, self.stage,
+                                             replica, retryable)
             self._judge(error_class, message)
             return dict(out, retry_classes=retried)
 

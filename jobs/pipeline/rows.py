@@ -7,7 +7,7 @@ same columns (jobs/io/schema.py) the same way.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pyarrow as pa
 
@@ -15,7 +15,9 @@ from contract.integrity import integrity_flags, repetition_ratio
 from contract.outcomes import route
 from contract.protocol import RESULT_COLUMNS, GenerateResult
 from jobs.io.schema import STAGE_OUTPUT
-from jobs.pipeline.settings import StageSettings
+
+if TYPE_CHECKING:  # settings asks the mode strategies (jobs/pipeline/modes.py), which use these
+    from jobs.pipeline.settings import StageSettings
 
 
 def now() -> dt.datetime:
@@ -27,7 +29,7 @@ def _generated(result: GenerateResult) -> dict[str, Any]:
     return {name: getattr(result, name) for name in RESULT_COLUMNS}
 
 
-def data_row(row: dict[str, Any], result: GenerateResult, stage: StageSettings,
+def data_row(row: dict[str, Any], result: GenerateResult, stage: "StageSettings",
              attempts: int) -> dict[str, Any]:
     out = _generated(result)
     out.update(
@@ -47,7 +49,7 @@ def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None and b is None else (a or 0) + (b or 0)
 
 
-def continued_row(base: dict[str, Any], result: GenerateResult, stage: StageSettings,
+def continued_row(base: dict[str, Any], result: GenerateResult, stage: "StageSettings",
                   attempts: int) -> dict[str, Any]:
     """The next version of a truncated row: the whole output so far, counts added up
     (the result's prompt ids and count are the base's: they were sent as input_ids)."""
@@ -77,10 +79,12 @@ def continued_row(base: dict[str, Any], result: GenerateResult, stage: StageSett
 
 
 def failure_row(row: dict[str, Any], error_class: str, message: str, attempts: int,
-                stage: StageSettings, replica: Optional[str] = None) -> dict:
+                stage: "StageSettings", replica: Optional[str] = None,
+                prefix: str = "") -> dict:
+    """A failures/ row; ``prefix`` (the mode's, jobs/pipeline/modes.py) marks a failure
+    whose row stays in data/ (a continuation or a turn round), saying why."""
     retryable = route(error_class).retryable
-    if stage.continue_to or getattr(stage, "next_turn", False):  # the row stays in data/: say why
-        error_class = f"continuation:{error_class}"
+    error_class = f"{prefix}{error_class}"
     return {"_kind": "failures", "key": row["key"], "id": row["id"],
             "category": row["category"], "messages": row["messages"], "tools": row["tools"],
             "source": row.get("source"), "line": row.get("line"), "error_class": error_class,

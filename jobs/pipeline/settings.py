@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from jobs.config import BreakerConfig, RetryConfig, RunConfig
 from jobs.io.samples import SEED_SCHEME
+from jobs.pipeline.modes import Mode, Strategy, strategy
 from serve_apps.engine_hash import deployed_engine_hash
 
 
@@ -53,22 +54,27 @@ def output_settings(engine: Any, context_policy: str, samples_per_prompt: int = 
     return out
 
 
-FRESH, RETRY_FAILED, CONTINUE, PILOT = "fresh", "retry-failed", "continue", "pilot"
-REGENERATE = "regenerate"  # rows drained replicas condemned (+ flagged ones): new versions
-NEXT_TURN = "next-turn"  # job.regenerate every_turn: the next turn of every open conversation
+# The modes by their old names (jobs/pipeline/modes.py has the enum and the strategies).
+FRESH, RETRY_FAILED, CONTINUE, PILOT = Mode.FRESH, Mode.RETRY_FAILED, Mode.CONTINUE, Mode.PILOT
+REGENERATE = Mode.REGENERATE  # rows drained replicas condemned (+ flagged ones): new versions
+NEXT_TURN = Mode.NEXT_TURN  # job.regenerate every_turn: the next turn of every open conversation
 CALL_TIMEOUT_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
 class RunMode:
-    """Which rows a session sends: chosen once, from the CLI flags (:meth:`of_flags`)."""
+    """Which rows a session sends: chosen once, from the CLI flags (:meth:`of_flags`);
+    what the mode does is its strategy's (:attr:`strategy`, jobs/pipeline/modes.py)."""
 
-    kind: str = FRESH                  # fresh | retry-failed | continue | pilot | regenerate
+    kind: Mode = Mode.FRESH            # fresh | retry-failed | continue | pilot | regenerate
                                        # | next-turn (a round of job.regenerate every_turn)
     retry_failed: bool = False         # also send the keys in failures/ (not for continue)
     continue_to: Optional[int] = None  # continue: the new total output budget per row
     pilot_rows: Optional[int] = None   # pilot: ~N prompts stratified by category
     regenerate_flagged: bool = False   # regenerate: rows with integrity flags too
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Mode(self.kind))  # a plain string names its mode
 
     @classmethod
     def of_flags(cls, retry_failed: bool = False, continue_truncated: bool = False,
@@ -87,16 +93,21 @@ class RunMode:
         return cls(RETRY_FAILED if retry_failed else FRESH, retry_failed=retry_failed)
 
     @property
+    def strategy(self) -> Strategy:
+        return strategy(self.kind)
+
+    # Questions about the kind, for the flags' tests; the code asks the strategy.
+    @property
     def continues(self) -> bool:
-        return self.kind == CONTINUE
+        return self.kind is Mode.CONTINUE
 
     @property
     def regenerates(self) -> bool:
-        return self.kind == REGENERATE
+        return self.kind is Mode.REGENERATE
 
     @property
     def next_turn(self) -> bool:
-        return self.kind == NEXT_TURN
+        return self.kind is Mode.NEXT_TURN
 
 
 @dataclass(frozen=True)
@@ -118,14 +129,24 @@ class StageSettings:
     breaker: BreakerConfig
     metrics_category_limit: int
     continue_to: Optional[int] = None  # a continue run: rows are data/ rows to extend
-    regenerate: bool = False  # rows are data/ rows to generate again, as version + 1
+    mode: Mode = Mode.FRESH   # the session's mode: its strategy builds requests and rows
     call_timeout_s: Optional[float] = None  # no result from a replica for this long: stuck
     engine_config_hash: str = ""  # what this run deployed: a result from another engine stops it
     app_name: str = ""            # for that message
     samples_per_prompt: int = 1   # job.samples_per_prompt: rows per prompt (jobs/io/samples.py)
     single_sample_hash: str = ""  # with n > 1: the hash these settings have at n = 1
     every_turn: bool = False      # job.regenerate every_turn: rows carry turns (jobs/pipeline/turns.py)
-    next_turn: bool = False       # a round: rows are data/ rows whose next turn is generated
+
+    @property
+    def strategy(self) -> Strategy:
+        """The mode's strategy (jobs/pipeline/modes.py): what the generate stage asks."""
+        return strategy(self.mode)
+
+    @property
+    def next_turn(self) -> bool:
+        """A round of job.regenerate every_turn: rows are data/ rows whose next turn is
+        generated."""
+        return self.mode is Mode.NEXT_TURN
 
     @property
     def max_thinking_tokens(self) -> Optional[int]:
@@ -148,8 +169,8 @@ class StageSettings:
             rows_per_call=job.rows_per_call, call_linger_s=job.call_linger_s,
             retries=job.retries, breaker=job.breaker,
             metrics_category_limit=job.metrics_category_limit,
-            continue_to=mode.continue_to if mode.continues else None,
-            regenerate=mode.regenerates,
+            continue_to=mode.continue_to if mode.kind is Mode.CONTINUE else None,
+            mode=mode.kind,
             # No row may take longer than the engine's own request timeout; the margin
             # covers the replica's tokenize/detokenize calls around it.
             call_timeout_s=cfg.engine.request_timeout_s + CALL_TIMEOUT_MARGIN_S,
@@ -159,4 +180,4 @@ class StageSettings:
                                              output_settings=output_settings(
                                                  cfg.engine, job.context_policy))
             if job.samples_per_prompt > 1 else "",
-            every_turn=job.regenerate == "every_turn", next_turn=mode.next_turn)
+            every_turn=job.regenerate == "every_turn")

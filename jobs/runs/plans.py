@@ -3,7 +3,9 @@
 Each plan runs on the driver before any engine is deployed (so a refusal costs no GPU
 time) and returns a :class:`Plan`: the row total progress counts against, whether
 every one of them must end with a result, and the dataset to stream (built once Ray
-is up). The mode itself is chosen once, from the CLI flags (``RunMode.of_flags``).
+is up). The mode itself is chosen once, from the CLI flags (``RunMode.of_flags``); its
+strategy (jobs/pipeline/modes.py) says where its rows come from (``source``), which picks
+the plan from ``PLANS``.
 
 - fresh / retry-failed / pilot: the admission pass (jobs/pipeline/admission.py) over
   the inputs (a pilot's config already points at its sample, jobs/runs/pilot.py);
@@ -66,25 +68,24 @@ def input_locations(cfg: RunConfig) -> list[Location]:
 
 def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
          mode: RunMode, stage: StageSettings) -> Plan:
-    if stage.every_turn and (mode.continues or mode.regenerates):
-        what = ("--continue-truncated" if mode.continues
-                else "regenerating condemned or flagged rows")
+    """The session's plan: the one its mode's rows come from (``Strategy.source``)."""
+    strategy = mode.strategy
+    refusal = ("regenerating condemned or flagged rows" if mode.regenerates
+               else strategy.every_turn_refusal)
+    if stage.every_turn and refusal:
         raise RunError(
             f"run {stage.run!r} regenerates every turn (job.regenerate every_turn): "
-            f"{what} is not supported there (a conversation's later turns depend on the row's "
-            f"turns; a turn cut at the budget ends its conversation, turn_stop 'length'). "
-            f"Give the run a larger job.max_new_tokens in a new job.run_name.")
-    if mode.continues:
-        return continue_plan(cfg, store, inputs, index, mode, stage)
+            f"{refusal} is not supported there (a conversation's later "
+            f"turns depend on the row's turns; a turn cut at the budget ends its "
+            f"conversation, turn_stop 'length'). Give the run a larger job.max_new_tokens "
+            f"in a new job.run_name.")
     if mode.regenerates:
         return regenerate_plan(cfg, store, inputs, index, mode, stage)
-    if mode.next_turn:
-        return next_turn_plan(cfg, store, inputs, index, stage)
-    return admission_plan(cfg, store, inputs, index, mode, stage)
+    return PLANS[strategy.source](cfg, store, inputs, index, mode, stage)
 
 
 def next_turn_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunIndex,
-                   stage: StageSettings) -> Plan:
+                   mode: RunMode, stage: StageSettings) -> Plan:
     """A round of every-turn regeneration: the next turn of each open conversation."""
     if not stage.every_turn:
         raise RunError("a next-turn session needs job.regenerate every_turn")
@@ -164,6 +165,11 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], inde
         return pipeline.build(cfg, inputs, table, stage, [ray.put(lines)], rows=len(lines))
     return Plan(sample_total(admission), expect_all=True, build=build,
                 counts=InputCounts.of(admission))
+
+
+# Where a mode's rows come from (``Strategy.source``, jobs/pipeline/modes.py) -> its plan.
+PLANS: dict[str, Callable[..., Plan]] = {
+    "input": admission_plan, "truncated": continue_plan, "open_turns": next_turn_plan}
 
 
 def sample_total(admission: Admission) -> int:

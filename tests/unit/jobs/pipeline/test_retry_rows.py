@@ -105,9 +105,11 @@ def test_a_minority_of_broken_replicas_or_the_guard_turned_off_never_stops():
 def test_sessions_of_rows_chosen_by_their_output_get_no_fleet_wide_flags_verdict():
     from jobs.config import BreakerConfig
     from jobs.pipeline.generate_stage import stage_breaker
-    plain = SimpleNamespace(breaker=BreakerConfig(), regenerate=False, continue_to=None)
+    from jobs.pipeline.modes import Mode, strategy
+    plain = SimpleNamespace(breaker=BreakerConfig(), strategy=strategy(Mode.FRESH),
+                            mode=Mode.FRESH)
     assert stage_breaker(plain).max_flagged == 0.5
-    for chosen in (dict(regenerate=True), dict(continue_to=8192)):
+    for chosen in (dict(mode=Mode.REGENERATE), dict(strategy=strategy(Mode.CONTINUE))):
         breaker = stage_breaker(SimpleNamespace(**{**vars(plain), **chosen}))
         assert breaker.max_flagged is None
         _outputs(breaker, ["a", "b"], {"a", "b"}, 500)  # loops gather there: no verdict
