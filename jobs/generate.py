@@ -121,10 +121,10 @@ def follow_up(cfg, mode, summary, run_job, stop_exc):
     from jobs.pipeline.settings import NEXT_TURN, REGENERATE, RunMode, StageSettings
     from jobs.runs import regenerate, turn_rounds
     strategy = mode.strategy  # what follows the session is its mode's (jobs/pipeline/modes.py)
-    if mode.regenerates:
+    if strategy.says_regenerated:
         summary.text += "\n" + regenerate.session_line(summary.progress)
     store = RunStore.for_run(cfg.job.output, cfg.job.run_name, cfg.storage)
-    if cfg.job.regenerate == "every_turn" and strategy.then_rounds and not mode.regenerates:
+    if cfg.job.regenerate == "every_turn" and strategy.then_rounds:
         summary = turn_rounds.rounds(
             store, summary, StageSettings.of(cfg).settings_hash,
             lambda: run_job(cfg, RunMode(NEXT_TURN), stop_exc=stop_exc))

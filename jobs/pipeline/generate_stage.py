@@ -35,7 +35,6 @@ from jobs.pipeline.category_cap import CategoryCap
 from jobs.pipeline.integrity_metrics import IntegrityCounters
 from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
                                  error_text, is_replica_bug, replica_error_class)
-from jobs.pipeline.modes import Mode
 from jobs.pipeline.row_sender import RowSender
 from jobs.pipeline.rows import to_table
 from jobs.pipeline.settings import StageSettings
@@ -46,8 +45,6 @@ from jobs.io.run_store import RunStore
 
 def stage_inputs(stage: StageSettings) -> StageInputs:
     """The columns this session's rows must carry (its mode's)."""
-    if stage.mode is Mode.REGENERATE:
-        return stage.strategy.inputs | {"version": "the row written is its next version"}
     return stage.strategy.inputs
 
 
@@ -57,7 +54,7 @@ def stage_breaker(stage: StageSettings) -> Breaker:
     flagged or condemned; continue, cut at the budget, where loops gather), whose flag
     rate says nothing about the fleet."""
     settings = stage.breaker.model_dump()
-    if not stage.strategy.judges_flags or stage.mode is Mode.REGENERATE:
+    if not stage.strategy.judges_flags:
         settings["max_flagged_fraction"] = None
     return Breaker(**settings)
 
@@ -79,10 +76,7 @@ class GenerateRows:
         return self.stage.strategy.request(row, self.stage, self.category_label(row["category"]))
 
     def _data_row(self, row: dict[str, Any], result, attempt: int) -> dict[str, Any]:
-        out = self.stage.strategy.data_row(row, result, self.stage, attempt)
-        if self.stage.mode is Mode.REGENERATE:  # a new output of a key data/ holds
-            out["version"] = row["version"] + 1
-        return out
+        return self.stage.strategy.data_row(row, result, self.stage, attempt)
 
     async def _one(self, row: dict[str, Any]) -> dict[str, Any]:
         request, attempt, retried, alone = self._request(row), 0, [], False

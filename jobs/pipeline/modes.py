@@ -132,6 +132,20 @@ class NewVersion(Strategy):
         return row["version"] + 1
 
 
+class Regenerate(NewVersion):
+    """The rows drained replicas condemned (with --regenerate-flagged, flagged rows too),
+    their prompts again (jobs/runs/regenerate.py). Chosen by their earlier output, so
+    their flag rate says nothing about the fleet: no flags verdict."""
+
+    mode = Mode.REGENERATE
+    judges_flags = False
+    source = "condemned"
+    every_turn_refusal = "regenerating condemned or flagged rows"
+    versions_as = "regenerated"
+    then_rounds = False
+    says_regenerated = True
+
+
 class NextTurn(NewVersion):
     """A round of job.regenerate every_turn: the next turn of each open conversation
     (jobs/runs/turn_rounds.py). A permanent failure ends the conversation with the turns
@@ -173,9 +187,7 @@ class Continue(Strategy):
 
 
 STRATEGIES: dict[Mode, Strategy] = {s.mode: s for s in (
-    Strategy(), RetryFailed(), Pilot(), Continue(), NextTurn())}
-# Not moved over yet: fresh's strategy, its own decisions still branched on where asked.
-STRATEGIES[Mode.REGENERATE] = STRATEGIES[Mode.FRESH]
+    Strategy(), RetryFailed(), Pilot(), Continue(), Regenerate(), NextTurn())}
 
 
 def strategy(mode: Mode | str) -> Strategy:

@@ -70,17 +70,13 @@ def plan(cfg: RunConfig, store: RunStore, inputs: list[Location], index: RunInde
          mode: RunMode, stage: StageSettings) -> Plan:
     """The session's plan: the one its mode's rows come from (``Strategy.source``)."""
     strategy = mode.strategy
-    refusal = ("regenerating condemned or flagged rows" if mode.regenerates
-               else strategy.every_turn_refusal)
-    if stage.every_turn and refusal:
+    if stage.every_turn and strategy.every_turn_refusal:
         raise RunError(
             f"run {stage.run!r} regenerates every turn (job.regenerate every_turn): "
-            f"{refusal} is not supported there (a conversation's later "
+            f"{strategy.every_turn_refusal} is not supported there (a conversation's later "
             f"turns depend on the row's turns; a turn cut at the budget ends its "
             f"conversation, turn_stop 'length'). Give the run a larger job.max_new_tokens "
             f"in a new job.run_name.")
-    if mode.regenerates:
-        return regenerate_plan(cfg, store, inputs, index, mode, stage)
     return PLANS[strategy.source](cfg, store, inputs, index, mode, stage)
 
 
@@ -169,7 +165,8 @@ def admission_plan(cfg: RunConfig, store: RunStore, inputs: list[Location], inde
 
 # Where a mode's rows come from (``Strategy.source``, jobs/pipeline/modes.py) -> its plan.
 PLANS: dict[str, Callable[..., Plan]] = {
-    "input": admission_plan, "truncated": continue_plan, "open_turns": next_turn_plan}
+    "input": admission_plan, "truncated": continue_plan, "condemned": regenerate_plan,
+    "open_turns": next_turn_plan}
 
 
 def sample_total(admission: Admission) -> int:

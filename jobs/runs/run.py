@@ -225,8 +225,7 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
             record_provenance(cfg, store, mode, handle)  # <run>/provenance.json, changes logged
             return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
                             expect_all=plan.expect_all, index=index, counts=plan.counts,
-                            versions_as="regenerated" if mode.regenerates
-                            else mode.strategy.versions_as,
+                            versions_as=mode.strategy.versions_as,
                             warm=warm, engine_idle=idle)
     finally:
         if warm is not None:

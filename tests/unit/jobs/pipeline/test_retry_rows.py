@@ -106,10 +106,10 @@ def test_sessions_of_rows_chosen_by_their_output_get_no_fleet_wide_flags_verdict
     from jobs.config import BreakerConfig
     from jobs.pipeline.generate_stage import stage_breaker
     from jobs.pipeline.modes import Mode, strategy
-    plain = SimpleNamespace(breaker=BreakerConfig(), strategy=strategy(Mode.FRESH),
-                            mode=Mode.FRESH)
+    plain = SimpleNamespace(breaker=BreakerConfig(), strategy=strategy(Mode.FRESH))
     assert stage_breaker(plain).max_flagged == 0.5
-    for chosen in (dict(mode=Mode.REGENERATE), dict(strategy=strategy(Mode.CONTINUE))):
+    for chosen in (dict(strategy=strategy(Mode.REGENERATE)),
+                   dict(strategy=strategy(Mode.CONTINUE))):
         breaker = stage_breaker(SimpleNamespace(**{**vars(plain), **chosen}))
         assert breaker.max_flagged is None
         _outputs(breaker, ["a", "b"], {"a", "b"}, 500)  # loops gather there: no verdict
