@@ -2,8 +2,9 @@
 
 ``run_job`` is one session: take the run's lease, read its index (jobs/io/run_index.py,
 the resume state), plan what to send (jobs/runs/plans.py), claim and deploy the engines,
-then stream the dataset into the run with progress.json, the watchdog and the job's
-metrics around it, and end with the run's verdict and summary.
+then a :class:`Session` streams the dataset into the run with progress.json, the
+watchdog, the lease's fence and the job's metrics around it, and ends with the run's
+verdict and summary.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import ray
 
@@ -32,7 +33,7 @@ from jobs.pipeline.settings import RunMode, StageSettings
 from jobs.runs import plans
 from jobs.runs.context_check import check_context as run_check, describe as describe_check
 from jobs.runs.engine_idle import EngineIdleWatch, describe as describe_idle
-from jobs.runs.errors import RunError
+from jobs.runs.errors import FencedRunError, RunError
 from jobs.runs.job_metrics import JobGauges, dashboard_url
 from jobs.runs.lease import LeaseHeld, RunLease, UnsafeStore
 from jobs.runs.progress import ProgressTracker
@@ -111,11 +112,6 @@ def _report(store: RunStore, index: RunIndex) -> tuple[str, Optional[dict[str, A
             f"{store.uri})"), report
 
 
-# Run by the SIGTERM handler before it raises: `ray job stop` SIGKILLs the driver 3 s
-# after SIGTERM, sooner than the dataset's teardown, so the final status goes first.
-_STOP_HOOKS: list[Callable[[], None]] = []
-
-
 def interruptible_main_thread() -> None:
     """Let the watchdog and the lease fence interrupt the session (``_thread.interrupt_main``,
     from their threads). A process started with SIGINT ignored (``nohup ... &``, a
@@ -132,12 +128,7 @@ def _init_ray(stop_exc: type) -> None:
     if threading.current_thread() is threading.main_thread():
         interruptible_main_thread()
         def _stop(*_):  # ray.init installs its own handler, which fails the dataset
-            for hook in list(_STOP_HOOKS):
-                try:
-                    hook()
-                except Exception as exc:  # noqa: BLE001 - never block the stop itself
-                    logger.warning("on stop: %s", exc)
-            raise stop_exc()
+            raise stop_exc()  # while a Session streams, its own handler comes first
         signal.signal(signal.SIGTERM, _stop)
 
 
@@ -223,10 +214,9 @@ def run_job(cfg: RunConfig, mode: RunMode, stop_exc: type,
                 cfg.engine, cfg.serve)["ray_actor_options"]["num_gpus"],  # engines ready: t0
                 held_since=deploying)
             record_provenance(cfg, store, mode, handle)  # <run>/provenance.json, changes logged
-            return _execute(cfg, store, plan.total, stop_exc, plan.build, lease=lease,
-                            expect_all=plan.expect_all, index=index, counts=plan.counts,
-                            versions_as=mode.strategy.versions_as,
-                            warm=warm, engine_idle=idle)
+            return Session(cfg, store, plan, stop_exc, lease=lease, index=index,
+                           versions_as=mode.strategy.versions_as, warm=warm,
+                           engine_idle=idle).run()
     finally:
         if warm is not None:
             warm.close()
@@ -278,102 +268,136 @@ def _write_status_now(progress, status: str) -> None:
                           dict(progress.last, status=status, updated_at=time.time()))
 
 
-def _execute(cfg: RunConfig, store: RunStore, total: int, stop_exc: type,
-             build: Callable, lease=None, expect_all: bool = True,
-             index: Optional[RunIndex] = None, counts=None,
-             versions_as: str = "continued", warm=None, engine_idle=None) -> Summary:
-    """Stream the dataset into the run, with progress.json around it."""
-    stalled: dict[str, str] = {}
+class Session:
+    """One session's stream into the run: the plan's dataset written, with progress.json,
+    the watchdog, the lease's fence and SIGTERM around it, then the verdict, the summary
+    and the report. What the progress thread (stalled), the lease's thread (fenced) and
+    the SIGTERM handler tell the main thread is this object's state; its handler is
+    installed only while it streams. A session that ended fenced raises FencedRunError."""
 
-    def on_stall(silent_s: float, limit_s: float) -> None:  # in the progress thread
+    def __init__(self, cfg: RunConfig, store: RunStore, plan: plans.Plan, stop_exc: type,
+                 lease=None, index: Optional[RunIndex] = None, versions_as: str = "continued",
+                 warm=None, engine_idle=None):
+        self.cfg, self.store, self.plan, self.stop_exc = cfg, store, plan, stop_exc
+        self.lease, self.index, self.versions_as = lease, index, versions_as
+        self.warm, self.engine_idle = warm, engine_idle
+        self.stalled: Optional[str] = None  # the watchdog's reason: the session stalled
+        self.fenced: Optional[str] = None   # the lease's reason: stop dispatching
+        self.progress: Optional[ProgressTracker] = None
+
+    def fence(self) -> Optional[str]:
+        """Why this driver may no longer write (its lease is lost), else None."""
+        return self.lease.fenced() if self.lease is not None else None
+
+    def _on_stall(self, silent_s: float, limit_s: float) -> None:  # in the progress thread
+        cfg = self.cfg
         stage = diagnose(cfg.serve.app_name, cfg.serve.deployment_name, limit_s)
-        stalled["reason"] = (f"stalled: no row became durable for {silent_s:.0f} s (the "
-                             f"watchdog's limit: {limit_s:.0f} s, job.stall_factor/"
-                             f"stall_min_s); {stage}. Rerun the same command to resume.")
-        logger.error("run %s %s", cfg.job.run_name, stalled["reason"])
-        _write_status_now(progress, "stalled")
+        self.stalled = (f"stalled: no row became durable for {silent_s:.0f} s (the "
+                        f"watchdog's limit: {limit_s:.0f} s, job.stall_factor/"
+                        f"stall_min_s); {stage}. Rerun the same command to resume.")
+        logger.error("run %s %s", cfg.job.run_name, self.stalled)
+        _write_status_now(self.progress, "stalled")
         _thread.interrupt_main()  # the pipeline's wait ends; the lease is released below
 
-    fence = lease.fenced if lease is not None else (lambda: None)
-    fenced: dict[str, str] = {}
-
-    def on_fence(reason: str) -> None:  # in the lease's thread: stop dispatching
-        fenced["reason"] = reason
-        if not stalled:  # else the main thread was interrupted already (a second
+    def _on_fence(self, reason: str) -> None:  # in the lease's thread: stop dispatching
+        self.fenced = reason
+        if not self.stalled:  # else the main thread was interrupted already (a second
             _thread.interrupt_main()  # interrupt would land in its clean-up)
 
-    if lease is not None:
-        lease.on_fence = on_fence
-    watchdog = Watchdog(cfg.job.stall_factor, cfg.job.stall_min_s, cfg.engine.request_timeout_s)
-    progress = ProgressTracker(store, total, cfg.job.run_name, cfg.engine.model_name,
-                               cfg.job.progress_interval_s, JobGauges.for_config(cfg),
-                               index=index, watchdog=watchdog, on_stall=on_stall,
-                               counts=counts, fence=fence, engine_idle=engine_idle,
-                               gpu_held=(lambda: engine_idle.held) if engine_idle else None,
-                               gpus_per_engine=engine_idle.gpus if engine_idle else None,
-                               price_per_gpu_hour=cfg.job.price_per_gpu_hour).start()
-    url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
-    if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
-        logger.info("raygen dashboard for this run: %s", url)
-
-    def on_stop() -> None:  # SIGTERM: the truth first, then the slow teardown
-        _write_status_now(progress, "stopped")
-        if lease is not None:
-            lease.release()
-
-    _STOP_HOOKS.append(on_stop)
-    status, error = "failed", None
-    try:
-        if warm is not None:
-            warm.release()
-        pipeline.write(build(), cfg, store.uri)
-        status, error = verdict(progress.update(), expect_all)
-    except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM), Ctrl-C, lease lost
-        status = "stopped"
-        if lease is not None and lease.lost:
-            error = f"stopped: {lease.lost} (one job per run)"
-        elif fenced:
-            error = f"stopped: {fenced['reason']}. Rerun the same command to resume."
-        if stalled:  # the watchdog interrupted the pipeline
-            status, error = "stalled", stalled["reason"]
-    except Exception as exc:  # noqa: BLE001 - reported below with the cause
-        status, error = _classify_failure(exc, stop_exc)
-        if stalled:  # the interrupt surfaced wrapped in the pipeline's own error
-            status, error = "stalled", stalled["reason"]
-    finally:
-        _STOP_HOOKS.remove(on_stop)
+    def _on_sigterm(self, *_) -> None:
+        """SIGTERM: the truth first, then the slow teardown (`ray job stop` SIGKILLs the
+        driver 3 s after SIGTERM, sooner than the dataset's teardown)."""
         try:
-            if status != "succeeded":
-                _write_status_now(progress, status)
-            snap = progress.stop(status)  # writes progress.json only while not fenced
-        except OSError as exc:  # a full disk: the session's error must still be the one said
-            logger.error("final status not written to %s: %s", store.uri, exc)
-            snap = dict(progress.last or {}, status=status)
-        time.sleep(cfg.job.metrics_linger_s)  # let Prometheus scrape the final gauges
-    if snap["failed"] and status == "succeeded":
-        logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
-                       snap["failed"], store.uri)
-    text = summary_text(store, progress.index, snap, versions_as, cfg.job.samples_per_prompt)
-    if engine_idle is not None:
-        text += "\n" + describe_idle(snap.get("engine_idle_gpu_s"))
-    for line in gpu_hours.describe(snap.get("gpu_hours"), snap.get("remaining")):
-        text += "\n" + line
-    if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
-        text += "\n  nothing to do: every prompt already has a result"
-    if lease is not None and lease.takeover:
-        text += f"\n  lease:     {lease.takeover}"
-    if not fence():  # a driver that lost its lease writes nothing over the next holder's
-        try:  # drains whose record reached no result: before what to regenerate is decided
-            collect_published(store, cfg.job.run_name)
-        except Exception as exc:  # noqa: BLE001 - the results' records still count
-            logger.warning("drained replicas' published records not read: %s", exc)
-        line, report = _report(store, progress.index)
-        text += line
-        if report is not None:  # progress.json says what the end found (regenerate.py)
-            snap = progress.add_final(flagged_fields(report))
-        index_compact.maybe_write(progress.index)  # the next open: O(sessions) reads
-    if error:
-        failure = RunError(f"{error}\n{text}")
-        failure.fenced = fence() is not None
-        raise failure
-    return Summary(status, snap, text)
+            _write_status_now(self.progress, "stopped")
+            if self.lease is not None:
+                self.lease.release()
+        except Exception as exc:  # noqa: BLE001 - never block the stop itself
+            logger.warning("on stop: %s", exc)
+        raise self.stop_exc()
+
+    def _track(self) -> ProgressTracker:
+        cfg, engine_idle = self.cfg, self.engine_idle
+        watchdog = Watchdog(cfg.job.stall_factor, cfg.job.stall_min_s,
+                            cfg.engine.request_timeout_s)
+        return ProgressTracker(
+            self.store, self.plan.total, cfg.job.run_name, cfg.engine.model_name,
+            cfg.job.progress_interval_s, JobGauges.for_config(cfg), index=self.index,
+            watchdog=watchdog, on_stall=self._on_stall, counts=self.plan.counts,
+            fence=self.fence, engine_idle=engine_idle,
+            gpu_held=(lambda: engine_idle.held) if engine_idle else None,
+            gpus_per_engine=engine_idle.gpus if engine_idle else None,
+            price_per_gpu_hour=cfg.job.price_per_gpu_hour)
+
+    def _stream(self) -> tuple[str, Optional[str], dict[str, Any]]:
+        """Write the dataset: (status, error, the final progress snapshot)."""
+        cfg, store, progress, stop_exc = self.cfg, self.store, self.progress, self.stop_exc
+        handling = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm) if handling else None
+        status, error = "failed", None
+        try:
+            if self.warm is not None:
+                self.warm.release()
+            pipeline.write(self.plan.build(), cfg, store.uri)
+            status, error = verdict(progress.update(), self.plan.expect_all)
+        except (stop_exc, KeyboardInterrupt):  # `ray job stop` (SIGTERM), Ctrl-C, lease lost
+            status = "stopped"
+            if self.lease is not None and self.lease.lost:
+                error = f"stopped: {self.lease.lost} (one job per run)"
+            elif self.fenced:
+                error = f"stopped: {self.fenced}. Rerun the same command to resume."
+            if self.stalled:  # the watchdog interrupted the pipeline
+                status, error = "stalled", self.stalled
+        except Exception as exc:  # noqa: BLE001 - reported below with the cause
+            status, error = _classify_failure(exc, stop_exc)
+            if self.stalled:  # the interrupt surfaced wrapped in the pipeline's own error
+                status, error = "stalled", self.stalled
+        finally:
+            if handling:  # None: a handler not set from Python (never so after _init_ray)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+            try:
+                if status != "succeeded":
+                    _write_status_now(progress, status)
+                snap = progress.stop(status)  # writes progress.json only while not fenced
+            except OSError as exc:  # a full disk: the session's error must still be said
+                logger.error("final status not written to %s: %s", store.uri, exc)
+                snap = dict(progress.last or {}, status=status)
+            time.sleep(cfg.job.metrics_linger_s)  # let Prometheus scrape the final gauges
+        return status, error, snap
+
+    def run(self) -> Summary:
+        """Stream, then say how it ended: the summary, or RunError with it."""
+        cfg, store = self.cfg, self.store
+        if self.lease is not None:
+            self.lease.on_fence = self._on_fence
+        self.progress = progress = self._track().start()
+        url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
+        if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
+            logger.info("raygen dashboard for this run: %s", url)
+        status, error, snap = self._stream()
+        if snap["failed"] and status == "succeeded":
+            logger.warning("%d rows failed; see %s/failures/ and rerun with --retry-failed",
+                           snap["failed"], store.uri)
+        text = summary_text(store, progress.index, snap, self.versions_as,
+                            cfg.job.samples_per_prompt)
+        if self.engine_idle is not None:
+            text += "\n" + describe_idle(snap.get("engine_idle_gpu_s"))
+        for line in gpu_hours.describe(snap.get("gpu_hours"), snap.get("remaining")):
+            text += "\n" + line
+        if status == "succeeded" and snap["session_rows"] == 0 and not snap["remaining"]:
+            text += "\n  nothing to do: every prompt already has a result"
+        if self.lease is not None and self.lease.takeover:
+            text += f"\n  lease:     {self.lease.takeover}"
+        if not self.fence():  # a driver that lost its lease writes nothing over the next's
+            try:  # drains whose record reached no result: before what to regenerate is decided
+                collect_published(store, cfg.job.run_name)
+            except Exception as exc:  # noqa: BLE001 - the results' records still count
+                logger.warning("drained replicas' published records not read: %s", exc)
+            line, report = _report(store, progress.index)
+            text += line
+            if report is not None:  # progress.json says what the end found (regenerate.py)
+                snap = progress.add_final(flagged_fields(report))
+            index_compact.maybe_write(progress.index)  # the next open: O(sessions) reads
+        if error:
+            raise (FencedRunError if self.fence() is not None else RunError)(
+                f"{error}\n{text}")
+        return Summary(status, snap, text)

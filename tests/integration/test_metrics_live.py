@@ -116,7 +116,7 @@ def _tree(tmp: Path, s3_endpoint: str, name: str, n: int, extra_lines=(), **job:
 
 
 # A job driver reduced to what feeds the job gauges: the same ProgressTracker +
-# JobGauges that jobs.runs.run._execute starts before the pipeline, in a real Ray driver
+# JobGauges that jobs.runs.run.Session starts before the pipeline, in a real Ray driver
 # process on this cluster (RAY_ADDRESS is set by the ray_cluster fixture). The full
 # pipeline adds nothing to what the alert sees and would cost a whole Ray Data job.
 _CRASH_DRIVER = """
