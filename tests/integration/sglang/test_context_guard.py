@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -101,9 +102,12 @@ def test_check_context_counts_what_the_engine_refuses_or_cuts(real_config, sglan
     assert [len(sglang_cpu.chat_ids("x" * (n - base))) for n in lengths] == lengths
     summary = run(real_config(rows, job={"max_new_tokens": budget}), check_context=True)
     report = summary.progress
-    verdicts = [engine_answer(sglang_pool.urls[1], n, budget) for n in lengths]
+    url = sglang_pool.urls[1]
+    with ThreadPoolExecutor(len(lengths)) as pool:  # at once: the engine batches them
+        verdicts = list(pool.map(lambda n: engine_answer(url, n, budget), lengths))
+        alone = list(pool.map(lambda n: engine_answer(url, n, 1), lengths))
     short = sum(1 for status, length in verdicts if status != 200 or length != budget)
-    refused_alone = sum(1 for n in lengths if engine_answer(sglang_pool.urls[1], n, 1)[0] == 400)
+    refused_alone = sum(1 for status, _ in alone if status == 400)
     assert (report["short_of_full_budget"], report["prompt_alone_too_long"]) == \
         (short, refused_alone) == (6, 2)
     assert report["context_length"] == C  # read from the running engine

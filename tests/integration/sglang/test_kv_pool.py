@@ -50,7 +50,9 @@ def real(scripted_model) -> Iterator[str]:
 def sim() -> Iterator[str]:
     proc = SimProcess(SimulatorSettings(
         context_length=sglang_cpu.CONTEXT, max_running_requests=16, max_total_tokens=POOL,
-        time_scale=0.05, accept_length=0.0, length_median_tokens=5000.0, length_sigma=0.1))
+        # time_scale 0.2: the pool stays full for long enough that polling /metrics every
+        # 50 ms sees it (at 0.05 a loaded fresh-clone run saw a peak of 0.74 and failed)
+        time_scale=0.2, accept_length=0.0, length_median_tokens=5000.0, length_sigma=0.1))
     try:
         proc.wait_listening()
         yield proc.base
@@ -81,6 +83,7 @@ def _burst(url: str, ignore_eos: bool) -> tuple[list[dict], float, float]:
         metas[i] = body["meta_info"]
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(REQUESTS)]
+    began = time.monotonic()
     for t in threads:
         t.start()
     usage = 0.0
@@ -91,6 +94,7 @@ def _burst(url: str, ignore_eos: bool) -> tuple[list[dict], float, float]:
         time.sleep(0.05)
     for t in threads:
         t.join()
+    print(f"burst on {url}: {time.monotonic() - began:.1f} s, peak usage {usage:.2f}")
     assert all(m["completion_tokens"] == BUDGET for m in metas), metas
     return metas, usage, _retracted_total(url) - before
 
