@@ -1,6 +1,7 @@
 """Import direction: jobs -> serve_apps -> contract, jobs -> contract. serve_apps never
 imports jobs; contract imports neither. Inside jobs/, its layers import downward only
-(config < io < pipeline < analysis < runs < entry points). Read from the source with
+(config < io < pipeline < analysis < runs < entry points). No project modules import
+each other in a circle, however hidden (a function-local import). Read from the source with
 ``ast`` (every file, also imports inside functions), so nothing is imported to check it."""
 
 from __future__ import annotations
@@ -118,3 +119,100 @@ def test_the_layer_check_sees_upward_imports_anywhere_in_a_file(tmp_path):
     assert _jobs_layer_violations(tmp_path) == {"jobs.io.low": [
         "jobs.generate", "jobs.pipeline", "jobs.pipeline.rows", "jobs.runs.lease",
         "jobs.runs.lease.RunLease"]}
+
+
+# --- no import circles ------------------------------------------------------------------
+# Two modules that import each other (one of them inside a function, to dodge the
+# circular import at load time) are one module in two files: the analysis circles of
+# issue 38 (export <-> incremental_export, forecast <-> token_yield) were that. Imports
+# under ``if TYPE_CHECKING:`` are annotations only and never run: they do not count.
+PROJECT_PACKAGES = ("jobs", "serve_apps", "contract", "cluster", "dashboards", "bench")
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(path: Path, root: Path, modules: set[str]) -> set[str]:
+    """The project modules a file imports when it runs, anywhere in it (functions too):
+    ``from pkg import sub`` is the module pkg.sub alone when sub is one, else pkg."""
+    package = _module_of(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            subs = {f"{module}.{alias.name}" for alias in node.names} & modules
+            found.update(subs if len(subs) == len(node.names) else subs | {module})
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found & modules
+
+
+def _import_circles(root: Path) -> list[list[str]]:
+    """Every set of project modules that import one another in a circle (Tarjan's
+    strongly connected components of the import graph, those of two or more)."""
+    files = {_module_of(p, root): p for pkg in PROJECT_PACKAGES if (root / pkg).is_dir()
+             for p in (root / pkg).rglob("*.py")}
+    modules = set(files)
+    graph = {m: _runtime_imports(p, root, modules) - {m} for m, p in files.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in order:
+            strong(v)
+    return circles
+
+
+def test_no_two_project_modules_import_each_other():
+    assert _import_circles(REPO) == []
+
+
+def test_the_circle_check_sees_a_circle_closed_inside_a_function(tmp_path):
+    (tmp_path / "jobs" / "analysis").mkdir(parents=True)
+    (tmp_path / "jobs" / "analysis" / "export.py").write_text(
+        "from jobs.analysis import incremental_export\n")
+    (tmp_path / "jobs" / "analysis" / "incremental_export.py").write_text(
+        "def f():\n    from jobs.analysis.export import write\n")
+    (tmp_path / "jobs" / "analysis" / "report.py").write_text(  # annotations only: no circle
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from jobs.analysis.forecast import Forecast\n")
+    (tmp_path / "jobs" / "analysis" / "forecast.py").write_text(
+        "from jobs.analysis.report import rounded\n")
+    assert _import_circles(tmp_path) == [
+        ["jobs.analysis.export", "jobs.analysis.incremental_export"]]
