@@ -199,7 +199,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def filters_from_args(args: argparse.Namespace) -> Filters:
-    from jobs.analysis.run_cli import fail
     if args.rows_per_file < 1:
         fail("--rows-per-file must be >= 1")
     if args.max_repetition_ratio is not None and not 0 <= args.max_repetition_ratio <= 1:

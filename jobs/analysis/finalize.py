@@ -42,6 +42,7 @@ from typing import Any, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.analysis.run_cli import add_run_args, fail, open_args, require_run
 from jobs.io.run_index import RunIndex, read_latest
 from jobs.io.run_store import PROVENANCE_FILE, RunStore
 from jobs.io.schema import DATA
@@ -209,7 +210,6 @@ def finalize(store: RunStore, force: bool = False, rows_per_file: int = ROWS_PER
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `python -m jobs.analysis.finalize` and `raygen finalize`."""
-    from jobs.analysis.run_cli import add_run_args
     add_run_args(parser)
     parser.add_argument("--force", action="store_true",
                         help="finalize even though progress.json says the run is running")
@@ -228,7 +228,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jobs.analysis.run_cli import fail, open_args, require_run
     if args.rows_per_file < 1:
         fail("--rows-per-file must be >= 1")
     store = open_args(args)

@@ -31,7 +31,7 @@ from jobs.analysis import export_journal as journal_io
 from jobs.analysis.export_shards import (MANIFEST, ExportError, ExportPass, Filters, ShardWriter,
                                          output_location, read_columns, with_samples)
 from jobs.analysis.finalize import damage_note, pick_latest
-from jobs.analysis.template_check import TemplateCheck
+from jobs.analysis.template_check import PRETOKENIZED, TemplateCheck
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from jobs.io.storage import read_bytes
@@ -62,7 +62,6 @@ def export_incremental(store: RunStore, out_uri: str, fmt: str, filters: Filters
     """Export one batch: the rows new since the journal's last one. Returns its
     manifest, or None when there was nothing new (nothing is written then)."""
     if template is not None and fmt == "pretokenized":
-        from jobs.analysis.template_check import PRETOKENIZED
         raise ExportError(PRETOKENIZED)
     out = output_location(store, out_uri)
     if read_bytes(out.join(MANIFEST)) is not None:

@@ -51,6 +51,7 @@ import pyarrow.compute as pc
 from jobs.analysis import gpu_hours
 from jobs.analysis.forecast import forecast_report
 from jobs.analysis.numbers import rounded
+from jobs.analysis.run_cli import add_run_args, fail, open_args, require_run
 from jobs.analysis.thinking_budget import budgets_md, in_effect, thinking_budgets
 from jobs.analysis.token_yield import clock_of, parse_lengths, yield_report
 from jobs.io.digests import sorted_contains
@@ -584,7 +585,6 @@ def parse_caps(text: Optional[str]) -> Optional[list[int]]:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `python -m jobs.analysis.report` and `raygen report`."""
-    from jobs.analysis.run_cli import add_run_args
     add_run_args(parser)
     parser.add_argument("--what-if", type=parse_caps, default=None, metavar="CAPS",
                         help="comma-separated caps to forecast, e.g. 5120,6144,8192,16384")
@@ -604,7 +604,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jobs.analysis.run_cli import fail, open_args, require_run
     store = open_args(args)
     require_run(store)
     df, index = load_latest(store)

@@ -27,7 +27,7 @@ from typing import NoReturn, Optional
 import yaml
 from pydantic import ValidationError
 
-from jobs.config import StorageConfig
+from jobs.config import ConfigError, StorageConfig, load_config
 from jobs.io.run_store import RunStore
 from jobs.io.storage import list_files
 
@@ -58,7 +58,6 @@ def run_uri(args: argparse.Namespace) -> str:
         return args.run
     if not args.config:
         usage_error("give the run URI or --config FILE")
-    from jobs.config import ConfigError, load_config
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:

@@ -20,6 +20,10 @@ import sys
 import time
 from typing import Any, Optional
 
+from jobs.analysis.gpu_hours import GPU_UNIT, fmt_hours, fmt_money, fmt_rate
+from jobs.analysis.run_cli import add_run_args, fail, open_args
+from jobs.io.lease_store import read_holder
+
 STALE_AFTER_S = 60.0   # ~3x a typical progress interval (the default is 5-20 s)
 
 
@@ -88,7 +92,6 @@ def render(snap: dict[str, Any], now: Optional[float] = None) -> str:
 def gpu_line(g: Any, remaining: Any) -> str:
     """GPU-hours spent, the forecast for the rows left and the cost (progress.json's
     gpu_hours, jobs/analysis/gpu_hours.py); '?' for a file written before them."""
-    from jobs.analysis.gpu_hours import GPU_UNIT, fmt_hours, fmt_money, fmt_rate
     if not isinstance(g, dict):
         return "gpu-hours  ? (not in this progress.json)"
     u = g.get("unit") or GPU_UNIT
@@ -107,7 +110,6 @@ def gpu_line(g: Any, remaining: Any) -> str:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `python -m jobs.analysis.status` and `raygen status`."""
-    from jobs.analysis.run_cli import add_run_args
     add_run_args(parser)
 
 
@@ -119,7 +121,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jobs.analysis.run_cli import fail, open_args
     store = open_args(args)
     try:
         snap = store.read_json("progress.json")
@@ -139,7 +140,6 @@ def run(args: argparse.Namespace) -> int:
 
 def holder_line(store, now: Optional[float] = None) -> str:
     """Which job holds the run's lease (jobs/io/lease_store.py), or that none does."""
-    from jobs.io.lease_store import read_holder
     try:
         holder = read_holder(store)
     except Exception as exc:  # noqa: BLE001 - progress was readable; say what is not

@@ -51,6 +51,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import pyarrow as pa
 
+from jobs.config import ConfigError, load_config
+
 KINDS = ("prompt", "output", "end_added", "shorter", "render_error")
 DEFAULT_MAX_SHARE = 0.01
 MODEL = "model"          # --check-template model: the run config's engine.model_path
@@ -76,7 +78,6 @@ def resolve_source(source: str, config_path: Optional[str]) -> str:
         raise TemplateCheckError(
             "--check-template model needs --config FILE: the model is the config's "
             "engine.model_path (or give a tokenizer folder instead of `model`)")
-    from jobs.config import ConfigError, load_config
     try:
         engine = load_config(config_path).engine
     except ConfigError as exc:
