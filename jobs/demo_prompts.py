@@ -16,6 +16,9 @@ import random
 import sys
 from typing import Any, Iterator
 
+from jobs.config import StorageConfig
+from jobs.io.storage import locate, write_bytes_atomic
+
 CODING_ASKS = [
     "Complete this Python function. Think through edge cases first.\n\n```python\n{p}```",
     "Implement the function below and explain your approach briefly.\n\n```python\n{p}```",
@@ -110,8 +113,6 @@ def main(argv: list[str]) -> int:
         for row in build(args.rows, args.seed):
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     if args.upload:
-        from jobs.config import StorageConfig
-        from jobs.io.storage import locate, write_bytes_atomic
         import os
         storage = StorageConfig(endpoint_url=os.environ.get("RAYGEN_S3_ENDPOINT"))
         with open(args.out, "rb") as f:

@@ -48,6 +48,7 @@ from jobs.io.sources import MAX_LINE_BYTES, ORDINAL_SHIFT, iter_rows, ordinal_of
 from jobs.io.storage import Location, file_info
 from jobs.pipeline import input_fingerprints
 from jobs.pipeline.admission_table import AdmissionTable
+from jobs.pipeline.rows import now
 from jobs.pipeline.seen_keys import SeenKeys
 from jobs.pipeline.validate import RowError, parse_row
 
@@ -108,7 +109,6 @@ class PrefixChanged(Exception):
 
 def reject_record(source: str, line: int, raw: str, reason: str, reject_id: str,
                   key: Optional[str] = None, row_id: Optional[str] = None) -> dict[str, Any]:
-    from jobs.pipeline.rows import now
     return {"source": source, "line": line, "key": key, "id": row_id, "reason": reason,
             "raw": raw[:RAW_KEPT], "reject_id": reject_id, "rejected_at": now()}
 

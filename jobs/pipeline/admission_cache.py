@@ -37,6 +37,7 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
+from jobs.io import digests, sources
 from jobs.io.digests import salt_id
 from jobs.io.run_index import RunIndex
 from jobs.io.run_store import ADMISSION_KEYS, RunStore
@@ -52,7 +53,6 @@ MAX_REJECT_IDS = 200_000
 
 @lru_cache(maxsize=1)
 def _code_hash() -> str:
-    from jobs.io import digests, sources
     h = hashlib.sha256()
     for module in (admission, seen_keys, input_fingerprints, validate, input_formats, sources,
                    digests):

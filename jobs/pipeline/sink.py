@@ -23,6 +23,7 @@ from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
 from jobs.config import StorageConfig
+from jobs.io.run_store import RunStore
 from jobs.io.schema import KINDS
 from jobs.pipeline.stage_inputs import StageInputs
 
@@ -59,7 +60,6 @@ class RunSink(Datasink):
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> dict[str, int]:
         from jobs.io.run_index import row_ids  # imported on the worker
-        from jobs.io.run_store import RunStore
         store = RunStore(self.run_uri, self.storage)
         tables = [BlockAccessor.for_block(b).to_arrow() for b in blocks]
         tables = [t for t in tables if t.num_rows]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from jobs.analysis.gpu_hours import engine_weight
+from serve_apps.engine_clock import read_records
 
 logger = logging.getLogger("raygen")
 WORK_FRACTION = 0.9
@@ -161,7 +162,7 @@ class EngineIdleWatch:
                  clock: Callable[[], float] = time.time,
                  held_since: Optional[float] = None):
         if read is None:
-            from serve_apps.engine_clock import read_records as read
+            read = read_records
         self.app, self.gpus, self.read, self.clock = app_name, gpus_per_engine, read, clock
         self.started = clock()  # the engines are ready for this session from here
         # The session's GPU-hours count from when it began deploying or attaching.

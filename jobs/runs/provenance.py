@@ -46,6 +46,10 @@ from jobs.config import RunConfig
 from jobs.io.run_store import PROVENANCE_FILE, RunStore
 from jobs.io.storage import write_json_atomic
 from jobs.pipeline import input_fingerprints
+from jobs.pipeline.settings import StageSettings
+from serve_apps import chat_format
+from serve_apps.app import with_local_paths
+from serve_apps.engines import launch_command
 
 if TYPE_CHECKING:
     from jobs.pipeline.settings import RunMode
@@ -139,8 +143,7 @@ def _model_template(path: str) -> tuple[Optional[str], Optional[str]]:
 def chat_template_fingerprint(engine: Any) -> dict[str, Any]:
     setting = engine.chat_template
     if setting == "builtin":
-        from serve_apps.chat_format import render_prompt
-        text = render_prompt(PROBE_MESSAGES, PROBE_TOOLS)
+        text = chat_format.render_prompt(PROBE_MESSAGES, PROBE_TOOLS)
         return {"setting": setting, "source": "raygen builtin renderer (probe rendering)",
                 "sha256": _sha256(text.encode())}
     if engine.kind != "simulator" and os.path.isdir(engine.model_path):
@@ -154,7 +157,6 @@ def chat_template_fingerprint(engine: Any) -> dict[str, Any]:
 def engine_argv(engine: Any) -> list[str]:
     """The engine's argv as a replica builds it, masked, with the per-launch port as
     <port> and the interpreter as ``python``."""
-    from serve_apps.engines import launch_command
     argv = launch_command(engine, "127.0.0.1", 0)
     argv = ["python" if i == 0 else a for i, a in enumerate(argv)]
     for i, arg in enumerate(argv[:-1]):
@@ -194,8 +196,6 @@ def server_info_of(handle: Any) -> dict[str, Any]:
 def build(cfg: RunConfig, store: RunStore, mode: "RunMode",
           server_info: dict[str, Any]) -> dict[str, Any]:
     """This session's provenance (without history: see :func:`with_history`)."""
-    from jobs.pipeline.settings import StageSettings
-    from serve_apps.app import with_local_paths
     engine, job = with_local_paths(cfg.engine), cfg.job  # as deployed
     stage = StageSettings.of(cfg, mode)
     info = clean_server_info(server_info or {})
