@@ -17,12 +17,19 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from contract.protocol import GenerateRequest
+from jobs.config import ConfigError, load_config
+from jobs.tune import recommend as R
+from jobs.tune.measure import TuneFailed, measure_cap
+from jobs.tune.plan import (DEFAULT_POINT_S, TuneRefused, engine_at, machine_problem,
+                            parse_counts, plan)
+from serve_apps.engines import default_gpus
+
 DEFAULT_SAMPLE = 256
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `python -m jobs.tune` and `raygen tune` (one definition)."""
-    from jobs.tune.plan import DEFAULT_POINT_S
     parser.add_argument("--config", required=True, metavar="FILE", help="the run's YAML")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key first, e.g. --set job.max_new_tokens=8192")
@@ -57,9 +64,6 @@ def run(args: argparse.Namespace) -> int:
     # The engine's own output is relayed to this logger (serve_apps/engine_process.py):
     # kept out of the sweep's lines; a start that fails quotes its last lines anyway.
     logging.getLogger("ray.serve.engine").setLevel(logging.WARNING)
-    from jobs.config import ConfigError, load_config
-    from jobs.tune.measure import TuneFailed
-    from jobs.tune.plan import TuneRefused, machine_problem, parse_counts, plan
     try:
         cfg = load_config(args.config, args.set)
         sweep = plan(cfg, parse_counts(args.caps, "--caps"),
@@ -68,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         problem = machine_problem(cfg)
         if problem:
             raise TuneRefused(problem)
+        # local: pulls in ray (jobs.runs.pilot); raygen's parser imports this module
+        # (tests/contract/jobs/test_lazy_imports.py)
         from jobs.tune.prompts import sample_prompts
         prompts = sample_prompts(cfg, sweep.sample, args.prompts)
     except (ConfigError, TuneRefused) as exc:
@@ -87,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
 
 def gpus_per_engine(cfg) -> float:
     """GPUs one replica of the config holds (serve.num_gpus_per_replica, else the kind's)."""
-    from serve_apps.engines import default_gpus
     gpus = cfg.serve.num_gpus_per_replica
     return float(default_gpus(cfg.engine) if gpus is None else gpus)
 
@@ -95,7 +100,6 @@ def gpus_per_engine(cfg) -> float:
 def requests_of(cfg, prompts: list[dict[str, Any]]) -> Callable[[int], Any]:
     """The i-th request of the closed loop: the sample's prompts round and round, at the
     run's budget, sampling and context policy."""
-    from contract.protocol import GenerateRequest
     sampling = cfg.job.sampling.to_sglang()
 
     def make(i: int) -> GenerateRequest:
@@ -111,9 +115,6 @@ def requests_of(cfg, prompts: list[dict[str, Any]]) -> Callable[[int], Any]:
 def tune(cfg, sweep, prompts: list[dict[str, Any]],
          say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sweep: {"points", "recommendation", "lines" (the printed report), "json"}."""
-    from jobs.tune import recommend as R
-    from jobs.tune.measure import TuneFailed, measure_cap
-    from jobs.tune.plan import TuneRefused, engine_at
     gpus = gpus_per_engine(cfg)
     replicas, actors = cfg.serve.autoscaling.min_replicas, cfg.job.max_actors
     say(f"tune: {cfg.engine.kind} engine {cfg.engine.model_name}, budget "

@@ -31,6 +31,12 @@ from typing import Any, Callable, Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract.protocol import GenerateRequest, GenerateResult
+from serve_apps import engine_resolution
+from serve_apps.chat_format import model_template_renderer, render_prompt
+from serve_apps.engine_client import EngineClient, effective_running_cap
+from serve_apps.engine_process import start_engine
+from serve_apps.engines import launch_command, launch_env
+from serve_apps.generation import Generator
 
 logger = logging.getLogger("raygen")
 
@@ -188,12 +194,6 @@ def measure_cap(engine_cfg, cap: int, concurrencies: tuple[int, ...], point_s: f
                 say: Callable[[str], None] = print) -> tuple[list[Point], dict[str, Any]]:
     """Start the engine at ``cap`` (engine_cfg has it), sweep, stop it: (points, the
     engine's /server_info figures)."""
-    from serve_apps import engine_resolution
-    from serve_apps.chat_format import model_template_renderer, render_prompt
-    from serve_apps.engine_client import EngineClient, effective_running_cap
-    from serve_apps.engine_process import start_engine
-    from serve_apps.engines import launch_command, launch_env
-    from serve_apps.generation import Generator
 
     host = "127.0.0.1"
     started = time.monotonic()

@@ -11,13 +11,13 @@ from typing import Any
 
 from contract import spec_resolution
 from contract.config import EngineConfig, SGLangEngineConfig
+from serve_apps.engines import sglang
+from serve_apps.engines.simulator import launch
 
 
 def launch_command(cfg: EngineConfig, host: str, port: int) -> list[str]:
     if isinstance(cfg, SGLangEngineConfig):
-        from serve_apps.engines import sglang
         return sglang.build_command(cfg, host, port)
-    from serve_apps.engines.simulator import launch
     settings = cfg.simulator.model_copy(update={
         "model_name": cfg.model_name,
         "context_length": cfg.context_length,
@@ -47,7 +47,6 @@ def _simulated_speculation(cfg: EngineConfig) -> dict[str, Any]:
 def launch_env(cfg: EngineConfig) -> dict[str, str]:
     """Variables the engine process gets on top of its replica's environment."""
     if isinstance(cfg, SGLangEngineConfig):
-        from serve_apps.engines import sglang
         return sglang.engine_env(cfg)
     return {}
 

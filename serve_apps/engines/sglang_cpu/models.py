@@ -47,6 +47,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from serve_apps.engines.sglang_cpu import install_torchvision_hook
 from serve_apps.engines.simulator import tokenizer as tk
 
 KINDS = ("scripted", "sampled", "draft")
@@ -239,7 +240,6 @@ def builder_hash() -> str:
 
 def build(kind: str, out: Path) -> Path:
     """Write model ``kind`` into the new folder ``out``."""
-    from serve_apps.engines.sglang_cpu import install_torchvision_hook
     install_torchvision_hook()
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
