@@ -117,9 +117,12 @@ def follow_up(cfg, mode, summary, run_job, stop_exc):
     """The session's summary, then (job.regenerate every_turn) the rounds of the open
     conversations (jobs/runs/turn_rounds.py), then regenerate sessions while drained
     replicas' condemned rows remain (jobs/runs/regenerate.py)."""
+    # local: pulls in pyarrow and pandas, after a session only (jobs.generate stays light:
+    # tests/contract/jobs/test_lazy_imports.py)
     from jobs.io.run_store import RunStore
-    from jobs.pipeline.settings import NEXT_TURN, REGENERATE, RunMode, StageSettings
-    from jobs.runs import regenerate, turn_rounds
+    from jobs.pipeline.settings import (NEXT_TURN, REGENERATE, RunMode,  # local: as above
+                                        StageSettings)
+    from jobs.runs import regenerate, turn_rounds  # local: as above
     strategy = mode.strategy  # what follows the session is its mode's (jobs/pipeline/modes.py)
     if strategy.says_regenerated:
         summary.text += "\n" + regenerate.session_line(summary.progress)
@@ -157,8 +160,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from jobs.pipeline.settings import RunMode  # heavy imports only after the config
-    from jobs.runs.run import RunError, dry_run, run_job
+    # local: heavy imports (pyarrow, ray) only after the config is valid (jobs.generate stays
+    # light: tests/contract/jobs/test_lazy_imports.py)
+    from jobs.pipeline.settings import RunMode
+    from jobs.runs.run import RunError, dry_run, run_job  # local: as above
     mode = RunMode.of_flags(args.retry_failed, args.continue_truncated, args.max_total_tokens,
                             args.pilot, args.regenerate_flagged)
     if args.dry_run:
@@ -171,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     signal.signal(signal.SIGTERM, _on_sigterm)  # until Ray starts; jobs/runs/run.py re-installs
     if mode.pilot_rows:
-        from jobs.runs.pilot import pilot_config
+        from jobs.runs.pilot import pilot_config  # local: pulls in ray, as above
         cfg = pilot_config(cfg, mode.pilot_rows)
     try:
         summary = run_job(cfg, mode, stop_exc=Stopped, check_context=args.check_context)
