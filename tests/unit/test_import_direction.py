@@ -68,19 +68,28 @@ def _module_of(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _package_of(path: Path, root: Path) -> list[str]:
+    """The dotted parts of the package a file's relative imports start from."""
+    parts = _module_of(path, root).split(".")
+    return parts if path.name == "__init__.py" else parts[:-1]
+
+
+def _from_module(node: ast.ImportFrom, package: list[str]) -> str:
+    """The module a ``from ... import`` names, relative levels resolved."""
+    base = package[:len(package) - node.level + 1] if node.level else []
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imported_modules(path: Path, root: Path) -> set[str]:
     """Every module a file imports, by its full dotted name; ``from a import b`` counts
     as a and a.b (b may be a submodule); relative imports are resolved."""
-    package = _module_of(path, root).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
+    package = _package_of(path, root)
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
+            module = _from_module(node, package)
             found.add(module)
             found.update(f"{module}.{alias.name}" for alias in node.names)
     return found
@@ -140,9 +149,7 @@ def _is_type_checking(node: ast.If) -> bool:
 def _runtime_imports(path: Path, root: Path, modules: set[str]) -> set[str]:
     """The project modules a file imports when it runs, anywhere in it (functions too):
     ``from pkg import sub`` is the module pkg.sub alone when sub is one, else pkg."""
-    package = _module_of(path, root).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
+    package = _package_of(path, root)
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -153,8 +160,7 @@ def _runtime_imports(path: Path, root: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
+            module = _from_module(node, package)
             subs = {f"{module}.{alias.name}" for alias in node.names} & modules
             found.update(subs if len(subs) == len(node.names) else subs | {module})
         for child in ast.iter_child_nodes(node):
