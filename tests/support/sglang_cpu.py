@@ -67,6 +67,16 @@ def engine_answer(url: str, n_input: int, budget: int) -> tuple[int, Optional[in
     return status, finish["length"]
 
 
+def output_ids(url: str, input_ids: list[int], budget: int) -> list[int]:
+    """The token ids the engine at ``url`` generates for ``input_ids`` (greedy), asked
+    directly (no Serve, no raygen client)."""
+    from tests.support.simulator import http
+    status, body = http(url, "/generate", {
+        "input_ids": input_ids, "sampling_params": {"max_new_tokens": budget, "temperature": 0}})
+    assert status == 200, body
+    return body["output_ids"]
+
+
 def chat_ids(question: str) -> list[int]:
     """A one-turn prompt as raygen renders it (builtin ChatML, thinking on)."""
     return tk.encode(render_prompt([{"role": "user", "content": question}]))

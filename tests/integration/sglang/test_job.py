@@ -41,19 +41,27 @@ def one_shot(sglang_pool, s3_endpoint, tmp_path_factory):
     from tests.integration.helpers import sglang_config
     tmp = tmp_path_factory.mktemp("sglang-job")
     rows = write_prompts(tmp / "p.jsonl", ROWS, extra_lines=BAD_LINES)
-    # Two rows per Serve call: 20 calls spread over both engines (with the default 16,
-    # three calls could all land on one engine of a loaded machine).
+    # Two rows per Serve call: 20 calls, likelier to spread over both engines than the
+    # default 16's three (the test does not rely on it: see below).
     tree = sglang_config(tmp, s3_endpoint, rows_file=str(rows), model_path=sglang_pool.model,
                          job={"rows_per_call": 2})
     return tree, run(tree), rows
 
 
-def test_rows_are_what_the_real_engine_generated(one_shot):
+def test_rows_are_what_the_real_engine_generated(one_shot, sglang_pool):
     tree, summary, rows = one_shot
     assert summary.status == "succeeded"
     assert_run_exact(tree, _keys(ROWS), BAD_LINES)
     df = read(tree, "data")
-    assert len(df) == ROWS and df.replica.nunique() == 2, "both engines should serve rows"
+    assert len(df) == ROWS
+    # Which engine serves a call is Serve's router's to decide (on a loaded machine its
+    # cached queue lengths sent all 20 calls of a fresh-clone run to one engine): each
+    # engine of the pool is asked directly for a row's prompt instead, and must answer
+    # what the run wrote.
+    first = df.iloc[0]
+    for url in sglang_pool.urls:
+        direct = sglang_cpu.output_ids(url, [int(t) for t in first.prompt_token_ids], budget=64)
+        assert direct == [int(t) for t in first.output_token_ids], url
     prompts = {json.loads(line)["id"]: json.loads(line)["messages"]
                for line in rows.read_text().splitlines() if '"content"' in line}
     for row in df.itertuples():
