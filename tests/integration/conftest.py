@@ -19,6 +19,7 @@ import pytest
 from cluster.local_stack import create_bucket, start_s3
 from serve_apps.engine_process import free_port
 from tests.integration.helpers import BUCKET
+from tests.support import sglang_cpu
 
 # The warm start (jobs/pipeline/warmup.py) holds 3 x LIGHT_TASKS workers importing the
 # pipeline in every session: on this 2-core box several CPU-seconds a session, taken from
@@ -121,8 +122,11 @@ def ray_cluster(s3_endpoint, tmp_path_factory):
 # Serve apps that tests of many modules share (one deploy per xdist worker). Any other app
 # a module deploys is deleted when the module is done: an idle app's replicas and engines
 # still poll each other (health checks, the metrics relay), and on this 2-core machine a
-# dozen of them left running took a few tenths of a core from every later test.
-SHARED_APPS = frozenset({"raygen-test", "raygen-slow", "raygen-sglang"})
+# dozen of them left running took a few tenths of a core from every later test. The real-
+# engine folder's pools are shared too: their package fixtures delete them when the folder
+# is done (deleted with the first module that used the speculative one, test_gpu_smoke_cpu,
+# it was deployed again by test_speculative: one more engine start, ~30 CPU-s).
+SHARED_APPS = frozenset({"raygen-test", "raygen-slow", sglang_cpu.APP, sglang_cpu.SPEC_APP})
 
 
 def _serve_apps() -> set[str]:
