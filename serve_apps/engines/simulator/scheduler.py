@@ -21,10 +21,15 @@ Design decisions:
 - KV pool (``max_total_tokens``; None: no pool, slots alone bound the batch): a running
   request holds its prompt and decoded tokens. As SGLang 0.5.23's scheduler does, a
   queued request is admitted (FCFS, stopping at the first that does not fit) only while
-  held tokens + new_token_ratio x the budget left of every running request and of it
-  fit the pool (the whole budget left of an ignore_eos request: SGLang reserves it in
-  full, so a batch of them alone never retracts); the ratio starts at 0.7 and decays each decode step to 0.098 over 600
-  steps, so admission grows bolder as the batch runs. When decode runs out of room (a
+  held tokens + new_token_ratio x the budget left of every request admitted in an earlier
+  pass + the whole budget left of every request admitted in this pass and of itself fit
+  the pool (SGLang's PrefillAdder charges a candidate at its whole budget; an ignore_eos
+  request stays reserved in full once running, so a batch of them alone never retracts;
+  every budget is clipped at 4,096 tokens, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION). A
+  pass that stops on the pool admits nothing more until a request leaves the batch (it
+  finishes, is cancelled or retracted: SGLang's batch_is_full). The ratio starts at 0.7
+  and decays each decode step to 0.098 over 600 steps, so admission grows bolder as the
+  batch runs. When decode runs out of room (a
   step needs a token per decoding request) the request with the fewest decoded tokens
   (then the longest prompt) is retracted: its tokens leave the pool, it goes back to the
   front of the queue keeping its output, and re-prefills prompt + output when admitted
@@ -55,6 +60,7 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096  # the most of a budget admission reserves room for
 
 
 @dataclass(eq=False, slots=True)
@@ -127,6 +133,7 @@ class Scheduler:
         self._ratio_init = min(INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
         self._ratio_floor = min(self._ratio_init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self._ratio = self._ratio_init
+        self._pool_full = False  # SGLang's batch_is_full: no admission until a request leaves
         self.retractions_total = 0
         self.last_retracted = 0
         self.per_request_tok_s = per_request_decode_tok_s
@@ -239,6 +246,7 @@ class Scheduler:
             if not self._running and not self._queue:
                 self._idle_since = time.monotonic()
                 self._ratio = self._ratio_init  # SGLang resets it when its batch empties
+                self._pool_full = False
 
     def _rate(self) -> float:
         n = len(self._running)
@@ -286,6 +294,7 @@ class Scheduler:
             return
         done_ids = set(map(id, done))
         self._running = [j for j in self._running if id(j) not in done_ids]
+        self._pool_full = False
         for job in done:
             self._gen_cum += job.total_tokens - job.decoded  # the sub-0.1 ms remainder
             self.generation_tokens_total -= job.reported
@@ -295,14 +304,19 @@ class Scheduler:
                 job.future.set_result(None)
 
     def _admit(self) -> None:
+        if self._pool_full:
+            return
+        this_pass: set[int] = set()  # ids of the requests admitted now: charged whole
         while self._queue and len(self._running) < self.max_running:
             job = self._queue[0]
             if job.future.done():  # cancelled while queued
                 self._queue.popleft()
                 continue
-            if self._running and not self._fits(job):  # FCFS: the next waits its turn
+            if self._running and not self._fits(job, this_pass):  # FCFS: the next waits
+                self._pool_full = True
                 break
             self._queue.popleft()
+            this_pass.add(id(job))
             if not job.admitted_once:
                 self.prompt_tokens_total += job.prompt_tokens
                 job.admitted_once = True
@@ -311,19 +325,23 @@ class Scheduler:
             self._running.append(job)
 
     # ---- the KV pool ----------------------------------------------------
-    def _fits(self, job: _Job) -> bool:
-        """Room for its tokens and, at the current ratio, for every running request's
-        budget left and its own."""
+    def _fits(self, job: _Job, this_pass: set[int]) -> bool:
+        """Room for its tokens and its whole budget left, with the running requests'
+        budgets left reserved: at the current ratio, or whole for those admitted in this
+        pass (``this_pass``: their ids)."""
         if self.max_total is None:
             return True
-        need = job.held + sum(self._reserved(j) for j in (*self._running, job))
-        return sum(j.held for j in self._running) + need <= self.max_total
+        reserved = sum(self._reserved(j, whole=id(j) in this_pass) for j in self._running)
+        need = job.held + self._reserved(job, whole=True)
+        return sum(j.held for j in self._running) + reserved + need <= self.max_total
 
-    def _reserved(self, job: _Job) -> float:
-        """The room admission keeps for a request's budget left: the ratio's share of it,
-        or all of it for a fixed-length (ignore_eos) request, as SGLang's PrefillAdder
-        does ("fixed-length requests cannot benefit from the early-EOS estimate")."""
-        return (1.0 if job.fixed_length else self._ratio) * max(job.max_new - job.decoded, 0.0)
+    def _reserved(self, job: _Job, whole: bool = False) -> float:
+        """The room admission keeps for a request's budget left (at most 4,096 tokens):
+        all of it when ``whole`` or for a fixed-length (ignore_eos) request, as SGLang's
+        PrefillAdder does ("fixed-length requests cannot benefit from the early-EOS
+        estimate"), else the ratio's share of it."""
+        left = min(max(job.max_new - job.decoded, 0.0), CLIP_MAX_NEW_TOKENS)
+        return left if whole or job.fixed_length else self._ratio * left
 
     def _decoding(self) -> list[_Job]:
         return [j for j in self._running if j.prefill_left_s <= 0]
@@ -350,6 +368,7 @@ class Scheduler:
             self._queue.appendleft(victim)
             taken += 1
         if taken:
+            self._pool_full = False
             self.retractions_total += taken
             self.last_retracted = taken
             left = sum(j.max_new for j in self._running)
@@ -390,6 +409,7 @@ class Scheduler:
             self._queue.remove(job)
         elif job in self._running:
             self._running.remove(job)
+            self._pool_full = False
             if self._driver is not None:
                 self._wake.set()  # the others speed up now
 

@@ -177,10 +177,12 @@ def test_a_kv_pool_that_binds_retracts_and_says_so_as_sglang_does(sim_factory):
                       accept_length=0, length_median_tokens=5000.0, length_sigma=0.1)
     results: list = [None] * 6
     usage: list = []
-    start = threading.Barrier(6)
+    began = time.monotonic()
 
     def fire(i: int) -> None:
-        start.wait()
+        # 0.1 s apart, each a scheduler pass of its own: as SGLang's, the simulator charges
+        # the requests of one pass their whole budgets, so six arriving at once never retract
+        time.sleep(max(0.0, began + 0.1 * i - time.monotonic()))
         results[i] = sim.call("/generate", {"text": f"job {i} " * 20, "sampling_params": {
             "max_new_tokens": 300}})
 

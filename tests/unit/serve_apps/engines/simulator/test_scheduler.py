@@ -212,15 +212,72 @@ def test_without_a_pool_nothing_changes_and_nothing_is_retracted(clock):
     assert st.retractions_total == st_ample.retractions_total == 0
 
 
+async def staggered(s, n: int, *args, gap_s: float = 0.005, **kw) -> list:
+    """``n`` requests ``gap_s`` apart: each arrives after the one before it was admitted
+    (or left queued), so each is a scheduler pass of its own."""
+    tasks = []
+    for _ in range(n):
+        tasks.append(asyncio.create_task(s.run(*args, **kw)))
+        await asyncio.sleep(gap_s)
+    return await asyncio.gather(*tasks)
+
+
+def test_requests_admitted_together_are_charged_their_whole_budgets(clock):
+    """SGLang's PrefillAdder charges a candidate, and every request admitted in the same
+    pass, at its whole budget left; only requests of earlier passes count at the ratio.
+    Two requests arriving together in a pool that holds one whole budget: one runs, the
+    other waits for it to finish (no retraction). Arriving 50 tokens apart, the second is
+    admitted beside the first (charged at ~0.65 of its budget) and the two outgrow the
+    pool."""
+    async def go(gap_s):
+        s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
+        first = asyncio.create_task(s.run(100, 100, 1450, max_new_tokens=1500))
+        if gap_s:
+            await asyncio.sleep(gap_s)
+        second = asyncio.create_task(s.run(100, 100, 1450, max_new_tokens=1500))
+        await asyncio.sleep(0.001)
+        seen = (s.stats().running, s.stats().queued)
+        await asyncio.gather(first, second)
+        return seen, s.stats().retractions_total
+
+    assert run_virtual(lambda: go(0.0), clock) == ((1, 1), 0)
+    apart, retracted = run_virtual(lambda: go(0.005), clock)
+    assert apart == (2, 0) and retracted >= 1
+
+
+def test_a_pass_stopped_by_the_pool_admits_nothing_until_a_request_leaves(clock):
+    """SGLang's batch_is_full: after a request did not fit, no admission is tried until
+    one leaves the batch, though the decaying ratio makes room meanwhile. A third request
+    (budget 1,000) arriving 50 tokens after the second does not fit at a ratio of ~0.6
+    (350 held + 0.6 x 2,850 + 1,100 > 3,000); once the first two have decoded 400 tokens
+    it would (ratio ~0.3: 950 + 645 + 1,100), but it waits until the first finishes."""
+    async def go():
+        s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
+        first = asyncio.create_task(s.run(100, 100, 1450, max_new_tokens=1500))
+        await asyncio.sleep(0.005)
+        second = asyncio.create_task(s.run(100, 100, 1450, max_new_tokens=1500))
+        await asyncio.sleep(0.005)
+        third = asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1000))
+        seen = []
+        while not first.done():
+            await asyncio.sleep(0.01)
+            seen.append((s.stats().running, s.stats().queued))
+        await asyncio.gather(second, third)
+        return seen[:-1]  # the last: after the first left
+
+    seen = run_virtual(go, clock)
+    assert len(seen) >= 10 and set(seen) == {(2, 1)}
+
+
 def test_a_full_pool_retracts_the_request_with_the_fewest_tokens_and_every_token_counts(clock):
     """Admission at the ratio (0.7, decaying) lets in more than the pool holds at the end;
     decode then retracts, the retracted request re-prefills prompt + output and finishes,
     and the token counters equal the outputs exactly."""
-    outputs = [1500, 1500, 1500, 1500]
+    outputs = [1450, 1450, 1450, 1450]
 
     async def go():
         s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
-        results = await asyncio.gather(*(s.run(100, 100, n, max_new_tokens=2000) for n in outputs))
+        results = await staggered(s, len(outputs), 100, 100, outputs[0], max_new_tokens=1500)
         return results, s.stats()
 
     results, st = run_virtual(go, clock)
@@ -237,7 +294,10 @@ def test_the_pool_is_never_over_full_and_token_usage_is_of_the_pool(clock):
 
     async def go():
         s = make(time_scale=0.01, max_total_tokens=2000, prefill_tok_s=1e6)
-        tasks = [asyncio.create_task(s.run(200, 200, 900, max_new_tokens=1000)) for _ in range(5)]
+        tasks = []
+        for _ in range(5):  # apart: requests admitted together never outgrow the pool
+            tasks.append(asyncio.create_task(s.run(200, 200, 850, max_new_tokens=900)))
+            await asyncio.sleep(0.005)
         while not all(t.done() for t in tasks):
             st = s.stats()
             seen.append((st.token_usage, st.running))
@@ -247,7 +307,7 @@ def test_the_pool_is_never_over_full_and_token_usage_is_of_the_pool(clock):
     st = run_virtual(go, clock)
     assert max(u for u, _ in seen) <= 1.0 + 1e-9  # held tokens never past the pool
     assert max(u for u, _ in seen) > 0.5 and st.retractions_total >= 1
-    assert st.generation_tokens_total == 5 * 900
+    assert st.generation_tokens_total == 5 * 850
 
 
 def test_a_lone_request_larger_than_the_pool_runs_without_retraction(clock):
@@ -283,12 +343,12 @@ def test_ignore_eos_requests_reserve_their_whole_budget_and_never_retract(clock)
     holds the same four as ignore_eos requests without a retraction: SGLang reserves a
     fixed-length request's whole budget (found by the differential against its engine:
     16 ignore_eos requests at a 1,024-token pool, 0 retractions there, 3 here before)."""
-    outputs = [1500, 1500, 1500, 1500]
+    outputs = [1450, 1450, 1450, 1450]
 
     async def go(ignore_eos):
         s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
-        await asyncio.gather(*(s.run(100, 100, n, max_new_tokens=2000, ignore_eos=ignore_eos)
-                               for n in outputs))
+        await staggered(s, len(outputs), 100, 100, outputs[0], max_new_tokens=1500,
+                        ignore_eos=ignore_eos)
         return s.stats()
 
     fixed = run_virtual(lambda: go(True), clock)
@@ -322,10 +382,11 @@ def test_a_low_schedule_conservativeness_admits_what_the_default_queues_and_retr
 def test_an_idle_engine_admits_again_as_boldly_as_at_start_not_at_the_decayed_ratio(clock):
     """The ratio decays while a batch decodes; SGLang resets it when the batch empties.
     A second burst after an idle spell is admitted exactly as the first was."""
-    async def burst(s):
-        tasks = [asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1500))
-                 for _ in range(3)]
-        await asyncio.sleep(0.001)
+    async def burst(s):  # three requests apart: the third fits at a ratio below ~0.14
+        tasks = []
+        for _ in range(3):
+            tasks.append(asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1500)))
+            await asyncio.sleep(0.005)
         seen = (s.stats().running, s.stats().queued)
         await asyncio.gather(*tasks)
         return seen
