@@ -124,9 +124,10 @@ def ray_cluster(s3_endpoint, tmp_path_factory):
 # still poll each other (health checks, the metrics relay), and on this 2-core machine a
 # dozen of them left running took a few tenths of a core from every later test. The real-
 # engine folder's pools are shared too: their package fixtures delete them when the folder
-# is done (deleted with the first module that used the speculative one, test_gpu_smoke_cpu,
-# it was deployed again by test_speculative: one more engine start, ~30 CPU-s).
-SHARED_APPS = frozenset({"raygen-test", "raygen-slow", sglang_cpu.APP, sglang_cpu.SPEC_APP})
+# is done (deleted with the first module that used the speculative one, it was deployed
+# again by the next: one more engine start, ~30 CPU-s).
+SHARED_APPS = frozenset({"raygen-test", "raygen-slow", sglang_cpu.APP, sglang_cpu.SPEC_APP,
+                         sglang_cpu.SMALL_POOL_APP})
 
 
 def _serve_apps() -> set[str]:

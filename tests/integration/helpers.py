@@ -98,6 +98,20 @@ def sglang_spec_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, mode
     return tree
 
 
+def sglang_small_pool_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str,
+                             model_path: str, **sections: Any) -> dict:
+    """``sglang_config`` on the small pool: its own app of one replica, whose engine's KV
+    pool is too small for the rows (tests/support/sglang_cpu.py small_pool_engine_section)."""
+    from tests.support import sglang_cpu
+    sections["serve"] = _merge({"app_name": sglang_cpu.SMALL_POOL_APP,
+                                "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
+                               sections.get("serve", {}))
+    tree = sglang_config(tmp_path, s3_endpoint, rows_file=rows_file, model_path=model_path,
+                         **sections)
+    tree["engine"] = sglang_cpu.small_pool_engine_section(model_path)
+    return tree
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():

@@ -14,6 +14,14 @@ from serve_apps.engines.simulator import tokenizer as tk
 CONTEXT = 256              # small, so every context boundary is cheap to reach
 APP = "raygen-sglang"      # the Serve app of the shared pool (tests/integration/sglang/)
 SPEC_APP = "raygen-sglang-spec"  # its one speculative engine (the same folder)
+# One more engine of the scripted model whose KV pool is too small for the rows it is given
+# (the same folder): the smoke's capacity and retraction checks fail on it, and the
+# simulator's pool is compared with SGLang's retractions on it.
+SMALL_POOL_APP = "raygen-sglang-small-pool"
+SMALL_POOL_TOKENS = 1024
+# SGLang's new-token ratio starts at 0.7 x this (0.035): admission reserves little of a
+# request's budget, so requests decoding past what was reserved make the scheduler retract.
+SMALL_POOL_CONSERVATIVENESS = 0.05
 # What SGLang's CPU engine runs with raygen's shims: a STANDALONE chain of one draft token
 # (topk 1: SGLang resolves num_draft_tokens to steps + 1 = 2).
 SPECULATIVE = {"algorithm": "STANDALONE", "num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 2}
@@ -48,6 +56,14 @@ def spec_engine_section(model_path: str, draft_path: str, **overrides: Any) -> d
     metrics on (sglang:spec_accept_length is relayed)."""
     return engine_section(model_path, speculative={**SPECULATIVE, "draft_model_path": draft_path},
                           enable_metrics=True, **overrides)
+
+
+def small_pool_engine_section(model_path: str) -> dict[str, Any]:
+    """The small pool's engine: the pool's section with a 1,024-token KV pool that admits
+    as if outputs were short, and metrics on (sglang:num_retracted_requests_total and
+    sglang:token_usage are read)."""
+    return engine_section(model_path, max_total_tokens=SMALL_POOL_TOKENS, enable_metrics=True,
+                          extra_args={"schedule-conservativeness": SMALL_POOL_CONSERVATIVENESS})
 
 
 WORD = tk.WORD_BASE + 5  # the scripted model continues words forever: outputs reach the budget

@@ -2,7 +2,9 @@
 supervising ``python -m sglang.launch_server`` on the scripted model, on SGLang's CPU
 engine (``engine.device: cpu``); and ``spec_pool``, one more engine of the same model with
 speculative decoding on (STANDALONE, drafted by the ``draft`` model), for the tests of
-what SGLang's speculation decides. The folder is one xdist scope
+what SGLang's speculation decides; and ``small_pool``, one engine of the same model whose
+KV pool is too small for the rows it is given (the smoke's capacity trial and the
+simulator's KV-pool differential). The folder is one xdist scope
 (tests/support/xdist_scopes.py), so the pool starts once per `make test` (~25 s, ~2 GB
 an engine) and stops after the folder's last test; every test here attaches to it through
 the same engine section (tests/support/sglang_cpu.py, helpers.sglang_config). A test that kills an engine
@@ -18,8 +20,8 @@ from typing import Iterator
 import pytest
 
 from serve_apps.engines.sglang_cpu import models
-from tests.integration.helpers import (deploy, engine_urls, sglang_config, sglang_spec_config,
-                                      write_prompts)
+from tests.integration.helpers import (deploy, engine_urls, sglang_config,
+                                      sglang_small_pool_config, sglang_spec_config, write_prompts)
 from tests.support import sglang_cpu
 
 REPLICAS = 2
@@ -90,6 +92,34 @@ def spec_pool(ray_cluster, s3_endpoint, scripted_model, draft_model,
     yield pool
     try:
         serve.delete(sglang_cpu.SPEC_APP, _blocking=False)
+    except Exception:  # noqa: BLE001 - a cleanup, never a test failure
+        pass
+
+
+@dataclass(frozen=True)
+class SmallPool:
+    model: str  # the scripted model's folder
+
+    @property
+    def url(self) -> str:
+        return engine_urls(sglang_cpu.SMALL_POOL_APP, 1, timeout_s=120)[0]
+
+
+# One engine whose KV pool (1,024 tokens) is too small for the rows it is given
+# (sglang_cpu.small_pool_engine_section): the smoke's capacity and retraction trial runs
+# on it, and the KV-pool differential sends it its bursts directly. One engine start for
+# both (they had one each); stopped with the folder like the pool.
+@pytest.fixture(scope="package")
+def small_pool(ray_cluster, s3_endpoint, scripted_model, tmp_path_factory) -> Iterator[SmallPool]:
+    from ray import serve
+    tmp = tmp_path_factory.mktemp("sglang-small-pool")
+    deploy(sglang_small_pool_config(tmp, s3_endpoint, model_path=scripted_model,
+                                    rows_file=str(write_prompts(tmp / "p.jsonl", 1))))
+    pool = SmallPool(model=scripted_model)
+    assert pool.url
+    yield pool
+    try:
+        serve.delete(sglang_cpu.SMALL_POOL_APP, _blocking=False)
     except Exception:  # noqa: BLE001 - a cleanup, never a test failure
         pass
 

@@ -5,8 +5,8 @@ pool's) needs no GPU, and with the pool's app name and engine it attaches to the
 (no engine start). Each config below is the sound one with one thing wrong, and the
 smoke must exit 1 naming that check and no other: what SGLang's engine did decides
 (its 400s, where its stop string ends a row, when its scheduler retracts). Accept
-length is shown on the speculative pool (``spec_pool``); capacity and retractions on an
-engine of their own whose KV pool is too small for the rows it is given.
+length is shown on the speculative pool (``spec_pool``); capacity and retractions on the
+small pool (``small_pool``), whose KV pool is too small for the rows it is given.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import pytest
 
 from cluster import gpu_smoke
 from cluster.smoke_checks import RETRACTIONS, counter_total
-from serve_apps.engines.sglang_cpu import models
-from tests.integration.helpers import deploy, engine_urls, sglang_config, write_prompts, write_yaml
+from tests.integration.helpers import sglang_small_pool_config, write_prompts, write_yaml
 
 pytestmark = [pytest.mark.integration]
 
@@ -69,20 +68,12 @@ def test_speculation_passes_when_drafts_are_accepted_and_fails_when_none_are(
                   max_new_tokens=16) == (1, ["accept_length"])
 
 
-SMALL_POOL_APP = "raygen-sglang-small-pool"
-
-
-def _small_pool_tree(tmp_path, s3_endpoint, prompts, budget: int) -> dict:
-    """The sampled model (story-like lengths, median ~160 tokens) on an engine of 1,024 KV
-    tokens that admits as if outputs were short (``schedule-conservativeness`` 0.05:
-    SGLang's new-token ratio starts at 0.035 instead of 0.7), 16 rows in flight."""
-    return sglang_config(
-        tmp_path, s3_endpoint, rows_file=str(prompts), model_path=str(models.ensure("sampled")),
-        engine={"max_total_tokens": 1024, "enable_metrics": True,
-                "extra_args": {"schedule-conservativeness": 0.05}},
-        serve={"app_name": SMALL_POOL_APP, "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
-        job={"max_new_tokens": budget, "inflight_rows_per_actor": 16,
-             "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1}})
+def _small_pool_tree(small_pool, tmp_path, s3_endpoint, prompts, budget: int) -> dict:
+    """A run on the small pool (conftest.small_pool: 1,024 KV tokens, admitting as if
+    outputs were short), 16 rows in flight."""
+    return sglang_small_pool_config(
+        tmp_path, s3_endpoint, rows_file=str(prompts), model_path=small_pool.model,
+        job={"max_new_tokens": budget, "inflight_rows_per_actor": 16})
 
 
 def _retracted_total(url: str) -> float:
@@ -92,35 +83,31 @@ def _retracted_total(url: str) -> float:
 
 @pytest.mark.slow
 def test_a_kv_pool_too_small_for_the_rows_fails_capacity_and_names_every_retraction(
-        ray_cluster, s3_endpoint, tmp_path, capsys):
-    """One engine (deployed here, both smokes attach), two budgets. At 20 tokens the plan
-    (16 rows x (69 prompt + 20)) does not fit 1,024 tokens: capacity fails, from
-    /server_info, though the 8 prompts sent fit and SGLang retracts none. At 60 tokens
-    32 rows (16 in flight) oversubscribe the pool: capacity fails, and retractions fails
-    exactly when SGLang's scheduler retracted during the phase (its own counter, read here
-    before and after; the smoke reads its increase over the phase the same way).
+        small_pool, s3_endpoint, tmp_path, capsys):
+    """The small pool's engine, two budgets. At 20 tokens the plan (16 rows x (69 prompt
+    + 20)) does not fit 1,024 tokens: capacity fails, from /server_info, though the 8
+    prompts sent fit and SGLang retracts none. At 60 tokens 32 rows (16 in flight, each
+    69 + 38 tokens: the scripted model's answer) oversubscribe the pool: capacity fails,
+    and retractions fails exactly when SGLang's scheduler retracted during the phase (its
+    own counter, read here before and after; the smoke reads its increase over the phase
+    the same way).
 
     Whether SGLang retracts these rows is not this test's to decide: it admits a request
     only when its prompt and whole budget fit (the running ones counted at the new-token
     ratio, 0.035 here), charges a pass's admissions at whole budgets, and admits nothing
     more until a request leaves a batch that ran out of room (batch_is_full), so a wave of
     rows that arrive together never outgrows the pool; rows retract only when their
-    arrival splits across scheduler passes while others decode. Measured on this engine:
-    3 phases in 4 retract (1-4 requests); the scripted model's equal 38-token rows, 2 in
-    3. Retractions cannot fail alone: a plan that fits the pool never outgrows it."""
-    from ray import serve
+    arrival splits across scheduler passes while others decode. Measured on an engine of
+    the sampled model (story-like lengths): 3 phases in 4 retract (1-4 requests); on the
+    scripted model's equal 38-token rows, 2 in 3. Retractions cannot fail alone: a plan
+    that fits the pool never outgrows it."""
     short = write_prompts(tmp_path / "short.jsonl", 8)
-    deploy(_small_pool_tree(tmp_path, s3_endpoint, short, 20))
-    try:
-        assert _run(_small_pool_tree(tmp_path, s3_endpoint, short, 20), short, tmp_path,
-                    capsys, "small-pool-20") == (1, ["capacity"])
-        url = engine_urls(SMALL_POOL_APP, 1)[0]
-        full = write_prompts(tmp_path / "full.jsonl", 32)
-        before = _retracted_total(url)
-        code, checks = _run(_small_pool_tree(tmp_path, s3_endpoint, full, 60), full, tmp_path,
-                            capsys, "small-pool-60")
-        retracted = _retracted_total(url) - before
-        print(f"SGLang retracted {retracted:.0f} requests during the 60-token phase")
-        assert (code, checks) == (1, ["capacity", "retractions"] if retracted else ["capacity"])
-    finally:
-        serve.delete(SMALL_POOL_APP, _blocking=False)
+    assert _run(_small_pool_tree(small_pool, tmp_path, s3_endpoint, short, 20), short, tmp_path,
+                capsys, "small-pool-20") == (1, ["capacity"])
+    full = write_prompts(tmp_path / "full.jsonl", 32)
+    before = _retracted_total(small_pool.url)
+    code, checks = _run(_small_pool_tree(small_pool, tmp_path, s3_endpoint, full, 60), full,
+                        tmp_path, capsys, "small-pool-60")
+    retracted = _retracted_total(small_pool.url) - before
+    print(f"SGLang retracted {retracted:.0f} requests during the 60-token phase")
+    assert (code, checks) == (1, ["capacity", "retractions"] if retracted else ["capacity"])
