@@ -13,6 +13,7 @@ waits for Serve's replacement before it returns, so the pool is whole for the ne
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -38,6 +39,21 @@ class Pool:
         return engine_urls(sglang_cpu.APP, REPLICAS, timeout_s=120)
 
 
+@contextmanager
+def _deployed_for_the_folder(tree: dict, app: str) -> Iterator[None]:
+    """``tree``'s app deployed, then deleted when the folder is done (not blocking: its
+    replicas stop their engines while the next test runs)."""
+    from ray import serve
+    deploy(tree)
+    try:
+        yield
+    finally:
+        try:
+            serve.delete(app, _blocking=False)
+        except Exception:  # noqa: BLE001 - a cleanup, never a test failure
+            pass
+
+
 @pytest.fixture(scope="session")
 def scripted_model() -> str:
     return str(models.ensure("scripted"))
@@ -49,18 +65,13 @@ def scripted_model() -> str:
 # test on this 2-core machine.
 @pytest.fixture(scope="package")
 def sglang_pool(ray_cluster, s3_endpoint, scripted_model, tmp_path_factory) -> Iterator[Pool]:
-    from ray import serve
     tmp = tmp_path_factory.mktemp("sglang-pool")
     tree = sglang_config(tmp, s3_endpoint, rows_file=str(write_prompts(tmp / "p.jsonl", 1)),
                          model_path=scripted_model)
-    deploy(tree)
-    pool = Pool(model=scripted_model)
-    assert len(pool.urls) == REPLICAS
-    yield pool
-    try:  # not blocking: the replicas stop their engines while the next test runs
-        serve.delete(sglang_cpu.APP, _blocking=False)
-    except Exception:  # noqa: BLE001 - a cleanup, never a test failure
-        pass
+    with _deployed_for_the_folder(tree, sglang_cpu.APP):
+        pool = Pool(model=scripted_model)
+        assert len(pool.urls) == REPLICAS
+        yield pool
 
 
 @dataclass(frozen=True)
@@ -83,17 +94,13 @@ def draft_model() -> str:
 @pytest.fixture(scope="package")
 def spec_pool(ray_cluster, s3_endpoint, scripted_model, draft_model,
               tmp_path_factory) -> Iterator[SpecPool]:
-    from ray import serve
     tmp = tmp_path_factory.mktemp("sglang-spec-pool")
-    deploy(sglang_spec_config(tmp, s3_endpoint, rows_file=str(write_prompts(tmp / "p.jsonl", 1)),
-                              model_path=scripted_model, draft_path=draft_model))
-    pool = SpecPool(model=scripted_model, draft=draft_model)
-    assert pool.url
-    yield pool
-    try:
-        serve.delete(sglang_cpu.SPEC_APP, _blocking=False)
-    except Exception:  # noqa: BLE001 - a cleanup, never a test failure
-        pass
+    tree = sglang_spec_config(tmp, s3_endpoint, rows_file=str(write_prompts(tmp / "p.jsonl", 1)),
+                              model_path=scripted_model, draft_path=draft_model)
+    with _deployed_for_the_folder(tree, sglang_cpu.SPEC_APP):
+        pool = SpecPool(model=scripted_model, draft=draft_model)
+        assert pool.url
+        yield pool
 
 
 @dataclass(frozen=True)
@@ -111,17 +118,13 @@ class SmallPool:
 # both (they had one each); stopped with the folder like the pool.
 @pytest.fixture(scope="package")
 def small_pool(ray_cluster, s3_endpoint, scripted_model, tmp_path_factory) -> Iterator[SmallPool]:
-    from ray import serve
     tmp = tmp_path_factory.mktemp("sglang-small-pool")
-    deploy(sglang_small_pool_config(tmp, s3_endpoint, model_path=scripted_model,
-                                    rows_file=str(write_prompts(tmp / "p.jsonl", 1))))
-    pool = SmallPool(model=scripted_model)
-    assert pool.url
-    yield pool
-    try:
-        serve.delete(sglang_cpu.SMALL_POOL_APP, _blocking=False)
-    except Exception:  # noqa: BLE001 - a cleanup, never a test failure
-        pass
+    tree = sglang_small_pool_config(tmp, s3_endpoint, model_path=scripted_model,
+                                    rows_file=str(write_prompts(tmp / "p.jsonl", 1)))
+    with _deployed_for_the_folder(tree, sglang_cpu.SMALL_POOL_APP):
+        pool = SmallPool(model=scripted_model)
+        assert pool.url
+        yield pool
 
 
 @pytest.fixture

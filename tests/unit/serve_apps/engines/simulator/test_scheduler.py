@@ -212,14 +212,19 @@ def test_without_a_pool_nothing_changes_and_nothing_is_retracted(clock):
     assert st.retractions_total == st_ample.retractions_total == 0
 
 
-async def staggered(s, n: int, *args, gap_s: float = 0.005, **kw) -> list:
-    """``n`` requests ``gap_s`` apart: each arrives after the one before it was admitted
-    (or left queued), so each is a scheduler pass of its own."""
+async def apart(s, n: int, *args, gap_s: float = 0.005, **kw) -> list[asyncio.Task]:
+    """``n`` requests ``gap_s`` apart (their tasks): each arrives after the one before it
+    was admitted (or left queued), so each is a scheduler pass of its own."""
     tasks = []
     for _ in range(n):
         tasks.append(asyncio.create_task(s.run(*args, **kw)))
         await asyncio.sleep(gap_s)
-    return await asyncio.gather(*tasks)
+    return tasks
+
+
+async def staggered(s, n: int, *args, **kw) -> list:
+    """The results of ``apart``'s requests."""
+    return await asyncio.gather(*await apart(s, n, *args, **kw))
 
 
 def test_requests_admitted_together_are_charged_their_whole_budgets(clock):
@@ -294,10 +299,8 @@ def test_the_pool_is_never_over_full_and_token_usage_is_of_the_pool(clock):
 
     async def go():
         s = make(time_scale=0.01, max_total_tokens=2000, prefill_tok_s=1e6)
-        tasks = []
-        for _ in range(5):  # apart: requests admitted together never outgrow the pool
-            tasks.append(asyncio.create_task(s.run(200, 200, 850, max_new_tokens=900)))
-            await asyncio.sleep(0.005)
+        # apart: requests admitted together never outgrow the pool
+        tasks = await apart(s, 5, 200, 200, 850, max_new_tokens=900)
         while not all(t.done() for t in tasks):
             st = s.stats()
             seen.append((st.token_usage, st.running))
@@ -383,10 +386,7 @@ def test_an_idle_engine_admits_again_as_boldly_as_at_start_not_at_the_decayed_ra
     """The ratio decays while a batch decodes; SGLang resets it when the batch empties.
     A second burst after an idle spell is admitted exactly as the first was."""
     async def burst(s):  # three requests apart: the third fits at a ratio below ~0.14
-        tasks = []
-        for _ in range(3):
-            tasks.append(asyncio.create_task(s.run(100, 100, 1000, max_new_tokens=1500)))
-            await asyncio.sleep(0.005)
+        tasks = await apart(s, 3, 100, 100, 1000, max_new_tokens=1500)
         seen = (s.stats().running, s.stats().queued)
         await asyncio.gather(*tasks)
         return seen
