@@ -266,6 +266,7 @@ class Scheduler:
         # with a pool a prefill's end is an event of its own: one within the retire slack
         # ends now (float rounding must not leave a remainder too small to wait for)
         slack = RETIRE_SLACK_WALL_S / self.time_scale if self.max_total is not None else 0.0
+        growth: list[tuple[_Job, float]] = []
         for job in self._running:
             d = dt
             if job.prefill_left_s > 0:
@@ -275,7 +276,16 @@ class Scheduler:
                 d = max(d - job.prefill_left_s, 0.0)
                 job.prefilled(last + job.prefill_left_s * self.time_scale)
                 job.prefill_left_s = 0.0
-            inc = min(job.total_tokens - job.decoded, rate / job.slow_factor * d)
+            growth.append((job, min(job.total_tokens - job.decoded, rate / job.slow_factor * d)))
+        if self.max_total is not None and len(self._running) > 1:
+            # Decode stops where the pool is full: a wake-up the event loop delayed (a
+            # loaded machine) must not carry the batch past it; the retraction comes next
+            # (a lone request is never retracted: it runs on, as before).
+            room = max(self.max_total - sum(j.held for j in self._running), 0.0)
+            total = sum(inc for _, inc in growth)
+            if total > room:
+                growth = [(job, inc * room / total) for job, inc in growth]
+        for job, inc in growth:
             job.decoded += inc
             self._gen_cum += inc
             whole = int(job.decoded)

@@ -313,6 +313,24 @@ def test_the_pool_is_never_over_full_and_token_usage_is_of_the_pool(clock):
     assert st.generation_tokens_total == 5 * 850
 
 
+def test_a_late_wake_up_never_reports_the_pool_past_full(clock):
+    """A loaded machine delays the driver's wake-up; a /metrics scrape (stats()) in that
+    gap advanced decode past the pool's end before the retraction came: a fresh-clone
+    run beside helpers saw sglang:token_usage 1.0046 in test_kv_pool. Here the clock jumps
+    with no chance for the driver to run, as a blocked event loop would have it."""
+    async def go():
+        s = make(time_scale=0.01, max_total_tokens=3000, prefill_tok_s=1e6)
+        tasks = await apart(s, 2, 100, 100, 1450, max_new_tokens=1500)
+        clock.now += 0.5  # far past the point where the two fill the pool
+        late = s.stats()
+        await asyncio.gather(*tasks)
+        return late, s.stats()
+
+    late, end = run_virtual(go, clock)
+    assert late.running == 2 and late.token_usage <= 1.0
+    assert end.retractions_total >= 1 and end.generation_tokens_total == 2 * 1450
+
+
 def test_a_lone_request_larger_than_the_pool_runs_without_retraction(clock):
     async def go():
         s = make(time_scale=0.01, max_total_tokens=500)
