@@ -148,7 +148,7 @@ def run_plain(ctx: Context) -> ModeResult:
     run_dir.mkdir(parents=True)
     job = ctx.cfg.job
     spec = {"urls": ctx.engine_urls, "prompts": str(ctx.prompts), "limit": None,
-            "sampling": job.sampling.to_sglang(), "max_new_tokens": job.max_new_tokens,
+            "sampling": job.main_sampling.to_sglang(), "max_new_tokens": job.max_new_tokens,
             "concurrency": ctx.inflight, "out_dir": str(run_dir / "data"),
             "flush_rows": job.rows_per_file, "result_prefix": str(run_dir / "result"),
             "request_timeout_s": ctx.cfg.engine.request_timeout_s}

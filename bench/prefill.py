@@ -67,7 +67,7 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
     n = stop - start
     msgs = [messages(i) for i in range(start, stop)]
     budget = cfg.job.max_new_tokens
-    sampling = json.dumps(cfg.job.sampling.to_sglang(), sort_keys=True)
+    sampling = json.dumps(cfg.job.main_sampling.to_sglang(), sort_keys=True)
 
     def same(value, type_=None):
         return pa.array([value] * n, type_)
@@ -98,6 +98,7 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
         "max_thinking_tokens": same(None, pa.int32()),
         "sample": same(None, pa.int32()), "seed": same(None, pa.int64()),
         "turns": same(None, pa.list_(TURN)), "turn_stop": same(None, pa.string()),
+        "setting": same(None, pa.string()),
     }
     return pa.table([cols[f.name] for f in DATA], names=DATA.names).cast(DATA)  # schema order
 

@@ -297,7 +297,8 @@ class SGLangEngineConfig(_EngineBase):
     chat_template: Literal["builtin", "model"] = Field(
         "model", description="model: the model tokenizer's own template via transformers on "
         "the replica (GPU nodes have it with SGLang). builtin: raygen's ChatML renderer with "
-        "thinking on (Qwen3 family).")
+        "thinking on (Qwen3 family). Either renders thinking off (enable_thinking=False) "
+        "for rows of job.sampling.thinking false.")
     mem_fraction_static: Optional[float] = Field(
         None, gt=0, lt=1, description="SGLang --mem-fraction-static (fraction of GPU memory "
         "for weights and KV cache; e.g. 0.93 on a B200).")
@@ -404,7 +405,8 @@ class SimulatorEngineConfig(_EngineBase):
         "sim-qwen", description="Simulated model name; must start with 'sim-'.")
     chat_template: Literal["builtin", "model"] = Field(
         "builtin", description="builtin: raygen's ChatML renderer with thinking on (what the "
-        "simulator's tokenizer expects). model: the model tokenizer's own template.")
+        "simulator's tokenizer expects; off for rows of job.sampling.thinking false). model: "
+        "the model tokenizer's own template (enable_thinking as the row's setting says).")
     simulator: SimulatorSettings = Field(
         default_factory=SimulatorSettings, description="Simulated engine knobs.")
 
@@ -567,6 +569,11 @@ def _kind_problem(where: str, value: Any) -> str:
     return f"{where}.kind: unknown kind {value['kind']!r:.40}; one of {kinds}"
 
 
+# A tagged union puts its tag in an error's path after the section key; the YAML key
+# has none (job.sampling is one setting or a mix: jobs/config.py).
+UNION_TAGS = {"engine": ENGINE_KINDS, "sampling": ("setting", "mix")}
+
+
 def format_errors(exc: ValidationError, source: str) -> str:
     """One line per error, each naming its dotted key (the engine kind tag left out)."""
     lines = [f"invalid config ({source}):"]
@@ -575,7 +582,7 @@ def format_errors(exc: ValidationError, source: str) -> str:
         # key is engine.model_path.
         # A mapping's key error ends in "[key]": the key itself is already named.
         loc = [str(p) for i, p in enumerate(err["loc"])
-               if not (p in ENGINE_KINDS and i > 0 and err["loc"][i - 1] == "engine")
+               if not (i > 0 and p in UNION_TAGS.get(err["loc"][i - 1], ()))
                and p != "[key]"]
         if err["type"] == "engine_kind":
             lines.append(f"  {_kind_problem('.'.join(loc) or 'engine', err.get('input'))}")

@@ -12,19 +12,27 @@ sections are defined in contract/config.py (serve_apps reads them from there too
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, Discriminator, Field, Tag, ValidationError,
+                      field_validator, model_validator)
 
 from contract.config import (ConfigError, EngineConfig, ServeConfig, StrictModel,
                              default_engine, format_errors, load_yaml, read_config_tree,
                              gpu_pinning_problem, thinking_budget_problem)
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SETTING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# raygen's own keys of a setting: recorded and hashed with the sampling, never sent as
+# SGLang sampling params (serve_apps/engine_client.py moves or drops them).
+THINKING = "thinking"
 
 
 class SamplingConfig(StrictModel):
-    """SGLang sampling params. Only known keys: SGLang >= 0.5.22 rejects unknown ones."""
+    """SGLang sampling params. Only known keys: SGLang >= 0.5.22 rejects unknown ones.
+    ``job.sampling`` is one such mapping (every row's setting), or a list of them, each
+    with a ``name`` and a ``weight`` (a sampling mix: each row's setting drawn from its
+    identity and the run's salt, recorded in its ``setting`` column)."""
 
     temperature: float = Field(0.6, ge=0, description="Qwen3 thinking-mode default.")
     top_p: float = Field(0.95, gt=0, le=1)
@@ -42,11 +50,71 @@ class SamplingConfig(StrictModel):
         "the row goes on with its answer. None = not sent. Needs engine.kind sglang with a "
         "reasoning_parser and extra_args enable-strict-thinking: true (or the simulator "
         "with engine.simulator.enable_strict_thinking).")
+    thinking: bool = Field(
+        True, description="false: the prompt is rendered with thinking off (the builtin "
+        "template's empty think block, a model template's enable_thinking=False); the "
+        "whole output is the answer (reasoning empty, finished_thinking true, no "
+        "missing_think_end flag). Not an SGLang param: recorded in the row's sampling.")
+
+    @model_validator(mode="after")
+    def _budget_needs_thinking(self) -> "SamplingConfig":
+        if not self.thinking and self.max_thinking_tokens is not None:
+            raise ValueError("max_thinking_tokens with thinking: false: a row that does not "
+                             "think has no thinking to budget; drop one of them")
+        return self
 
     def to_sglang(self) -> dict[str, Any]:
         """The params raygen sends (unset ones left out, so they never enter the
-        settings hash); the client moves max_thinking_tokens to the request's top level."""
-        return {k: v for k, v in self.model_dump().items() if v not in (None, [])}
+        settings hash; ``thinking`` only when false, so a thinking run's hash is what it
+        was); the client moves max_thinking_tokens to the request's top level and drops
+        ``thinking`` (serve_apps/engine_client.py)."""
+        out = {k: v for k, v in self.model_dump(exclude=MIX_KEYS).items()
+               if v not in (None, [])}
+        if out.get(THINKING) is True:
+            del out[THINKING]
+        return out
+
+
+class SamplingSetting(SamplingConfig):
+    """One setting of a sampling mix (``job.sampling`` as a list): SamplingConfig's keys
+    plus its name and weight."""
+
+    name: str = Field(description="The setting's name: each row's `setting` column, the "
+                      "report's and the export's split. Letters, digits, '.', '_', '-'.")
+    weight: float = Field(1.0, gt=0, description="Relative share of rows drawn with this "
+                          "setting (weights need not sum to 1).")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not SETTING_NAME.fullmatch(value):
+            raise ValueError("use 1-64 letters, digits, '.', '_' or '-'")
+        return value
+
+
+MIX_KEYS = frozenset({"name", "weight"})
+
+
+def _one_mix(settings: list[SamplingSetting]) -> list[SamplingSetting]:
+    if not settings:
+        raise ValueError("an empty list: give one setting (a mapping) or a list of named, "
+                         "weighted settings")
+    names = [s.name for s in settings]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"setting names must be unique: {', '.join(twice)} repeated")
+    return settings
+
+
+def _sampling_form(value: Any) -> str:
+    return "mix" if isinstance(value, (list, tuple)) else "setting"
+
+
+# Tags "setting" and "mix": contract.config.UNION_TAGS leaves them out of error keys.
+SamplingMix = Annotated[list[SamplingSetting], AfterValidator(_one_mix)]
+Sampling = Annotated[
+    Union[Annotated[SamplingConfig, Tag("setting")], Annotated[SamplingMix, Tag("mix")]],
+    Discriminator(_sampling_form)]
 
 
 class RetryConfig(StrictModel):
@@ -92,7 +160,14 @@ class JobConfig(StrictModel):
         "reject", description="When prompt + budget exceed the context: clamp the budget "
         "(recorded per row) or reject the row into failures/ (error_class context_overflow; "
         "--retry-failed sends it again after a context or policy change).")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    sampling: Sampling = Field(
+        default_factory=SamplingConfig, description="One sampling setting (a mapping: "
+        "every row's), or a sampling mix: a list of settings, each with a name and a "
+        "weight, e.g. [{name: think, weight: 3}, {name: direct, weight: 1, thinking: false}]. "
+        "Each row (each sample, with samples_per_prompt > 1) gets one setting, drawn from "
+        "its identity and the run's salt (the same on every session), named in its "
+        "`setting` column; the mix as a whole is in settings_hash, so a resume with "
+        "another mix is refused. docs/modes.md 'Sampling mixes'.")
     samples_per_prompt: int = Field(
         1, ge=1, le=1024, description="Samples generated per prompt: each is its own row "
         "(key, sample 0..n-1) with its own seed (sent as sampling_seed, recorded per row), "
@@ -169,6 +244,17 @@ class JobConfig(StrictModel):
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
+    @property
+    def settings(self) -> list[SamplingConfig]:
+        """Every sampling setting rows can get: the one, or the mix's."""
+        return list(self.sampling) if isinstance(self.sampling, list) else [self.sampling]
+
+    @property
+    def main_sampling(self) -> SamplingConfig:
+        """The setting most rows get (the mix's heaviest, the first of equals): what a
+        tool that sends one setting (jobs.tune, bench/) uses."""
+        return max(self.settings, key=lambda s: getattr(s, "weight", 1.0))
+
     @field_validator("run_name")
     @classmethod
     def _safe_name(cls, value: str) -> str:
@@ -241,10 +327,11 @@ class RunConfig(StrictModel):
         if self.job.min_actors > self.job.max_actors:
             raise ValueError(f"job.min_actors ({self.job.min_actors}) > job.max_actors "
                              f"({self.job.max_actors})")
-        if self.job.samples_per_prompt > 1 and self.job.sampling.temperature == 0:
+        greedy = [_key(s) for s in self.job.settings if s.temperature == 0]
+        if self.job.samples_per_prompt > 1 and greedy:
             raise ValueError(
                 f"job.samples_per_prompt ({self.job.samples_per_prompt}) > 1 with "
-                f"job.sampling.temperature 0: greedy decoding gives every sample the same "
+                f"{greedy[0]}.temperature 0: greedy decoding gives every sample the same "
                 f"output; set a temperature > 0 or samples_per_prompt 1")
         if self.job.regenerate == "every_turn" and self.job.samples_per_prompt > 1:
             raise ValueError(
@@ -252,11 +339,18 @@ class RunConfig(StrictModel):
                 f"{self.job.samples_per_prompt}: each sample would need its own conversation "
                 f"branch, which raygen does not build; use samples_per_prompt 1 (or "
                 f"regenerate last_turn for n samples of the last reply)")
-        if self.job.sampling.max_thinking_tokens is not None:
+        budgeted = [_key(s) for s in self.job.settings if s.max_thinking_tokens is not None]
+        if budgeted:
             problem = thinking_budget_problem(self.engine)
             if problem:
-                raise ValueError(f"job.sampling.max_thinking_tokens: {problem}")
+                raise ValueError(f"{budgeted[0]}.max_thinking_tokens: {problem}")
         return self
+
+
+def _key(setting: SamplingConfig) -> str:
+    """A setting's place in the config, for an error message."""
+    name = getattr(setting, "name", None)
+    return "job.sampling" if name is None else f"job.sampling[{name}]"
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -46,12 +46,44 @@ def _plain(annotation: Any) -> Any:
     return annotation
 
 
+def _forms(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
+    """(model, as a list's item) of each form a "one or a list" field takes
+    (job.sampling: a setting or a mix of them); [] for any other field."""
+    plain = _plain(annotation)
+    if get_origin(plain) is not Union:
+        return []
+    out = []
+    for arg in get_args(plain):
+        if _is_model(arg):
+            out.append((arg, False))
+        elif get_origin(arg) is list and _is_model(get_args(arg)[0]):
+            out.append((get_args(arg)[0], True))
+    return out if len(out) == len(get_args(plain)) else []
+
+
+def _form_rows(field, key: str, forms: list[tuple[type[BaseModel], bool]]) -> list[str]:
+    """The field's own row, then each form's keys: the mapping's under ``key``, a list
+    item's own (those the mapping lacks) under ``key[]``."""
+    desc = (field.description or "").replace("\n", " ")
+    rows = [f"| `{key}` | mapping or list | (section) | {desc} |"]
+    seen: set[str] = set()
+    for model, listed in forms:
+        rows += [r for r in _rows(model, f"{key}[]" if listed else key)
+                 if not listed or r.split("`")[1].rsplit(".", 1)[1] not in seen]
+        seen |= set(model.model_fields)
+    return rows
+
+
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows, nested = [], []
     for name, field in model.model_fields.items():
         key = f"{prefix}.{name}" if prefix else name
         if _is_model(field.annotation):
             nested.append((field.annotation, key))
+            continue
+        forms = _forms(field.annotation)
+        if forms:
+            rows += _form_rows(field, key, forms)
             continue
         ann = _plain(field.annotation)
         kind = ann.__name__ if isinstance(ann, type) else repr(ann).replace("typing.", "")

@@ -2,9 +2,12 @@
 
 - ``render_prompt``: OpenAI-style chat messages (+ optional tools) -> the prompt text,
   ChatML as Qwen3-family models use it, with thinking on (the generation prompt
-  opens ``<think>``). SGLang and the simulator get the same text, so what the CPU
+  opens ``<think>``) or off (``thinking=False``, job.sampling.thinking: an empty
+  ``<think>\n\n</think>\n\n`` block, as Qwen3's template writes for
+  enable_thinking=False). SGLang and the simulator get the same text, so what the CPU
   tests cover is what a GPU run sends.
-- ``split_reasoning``: output text -> (reasoning, answer, answer_started).
+- ``split_reasoning``: output text -> (reasoning, answer, answer_started);
+  ``no_thinking`` the same for a thinking-off row (all of it is the answer).
 - ``assistant_spans``: where each assistant message lies in the rendered prompt
   (job.regenerate every_turn: the export's loss mask); ``parse_tool_calls``: the
   ``<tool_call>`` blocks a reply made, as the renderer writes them.
@@ -176,8 +179,17 @@ def split_reasoning(text: str, think_end: str = THINK_END) -> tuple[str, str, bo
     return reasoning, tail.strip(), True
 
 
+def no_thinking(text: str) -> tuple[str, str, bool]:
+    """A thinking-off row's output -> (reasoning, answer, finished_thinking): its prompt
+    closed the thinking (the empty think block), so the whole output is the answer and
+    its thinking counts as finished (no missing_think_end; a cut row is cut in its
+    answer)."""
+    return "", text.strip(), True
+
+
 def model_template_renderer(model_path: str) -> Callable[..., str]:
-    """The tokenizer's own chat template (thinking on); transformers imported lazily."""
+    """The tokenizer's own chat template (``thinking``: its enable_thinking);
+    transformers imported lazily."""
     from transformers import AutoTokenizer  # only on GPU nodes, where SGLang brings it
     tokenizer = AutoTokenizer.from_pretrained(model_path)
 

@@ -16,7 +16,9 @@ thinking until the think end (a thinking budget applies; EOS is masked). A conti
 whose output already left its thinking sends false (serve_apps/generation.py).
 
 ``max_thinking_tokens`` travels in raygen's sampling dict (it is recorded and hashed with
-the sampling) but SGLang takes it as a request field: the body moves it there.
+the sampling) but SGLang takes it as a request field: the body moves it there. So does
+``thinking`` (false: the prompt was rendered with thinking off), which SGLang never sees:
+such a request sends ``require_reasoning`` false (the whole output is the answer).
 
 ``parse_meta`` reads meta_info across SGLang versions: speculative fields were renamed
 (0.5.5 ``spec_accept_length``; later ``spec_accept_rate``/``spec_num_correct_drafts``);
@@ -105,12 +107,18 @@ KEEPALIVE_S = 4.0
 
 
 THINKING_BUDGET = "max_thinking_tokens"
+THINKING = "thinking"   # raygen's (job.sampling.thinking: false): how the prompt was rendered
+
+
+def thinks(sampling: dict[str, Any]) -> bool:
+    """Whether a request's sampling has thinking on (the default; false only when set)."""
+    return sampling.get(THINKING, True) is not False
 
 
 def generate_body(input_ids: list[int], sampling: dict[str, Any], rid: str,
                   require_reasoning: bool = True) -> dict[str, Any]:
     """The /generate request raygen sends (see the module docstring)."""
-    params = {k: v for k, v in sampling.items() if k != THINKING_BUDGET}
+    params = {k: v for k, v in sampling.items() if k not in (THINKING_BUDGET, THINKING)}
     body = {"input_ids": input_ids, "sampling_params": params, "rid": rid, "stream": False,
             "require_reasoning": require_reasoning}
     if sampling.get(THINKING_BUDGET) is not None:

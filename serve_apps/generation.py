@@ -13,6 +13,12 @@ thinking budget (SGLang would treat its answer as new thinking: with strict thin
 masks EOS there and cuts it at the budget again); one still thinking gets the row's
 thinking budget minus its earlier output, so the row thinks as long as one long run.
 
+Thinking off (``sampling["thinking"]`` false, job.sampling.thinking): the prompt is
+rendered with thinking disabled (the renderer's ``thinking=False``: the builtin
+template's empty think block, a model template's enable_thinking=False), the request
+sends ``require_reasoning`` false and no thinking budget (fresh or continued), and the
+whole output is the answer (chat_format.no_thinking): no think end is expected.
+
 Context guard: the budget must fit the room SGLang really gives (context_budget.room:
 its speculative reserve, its scheduler's input limit and silent clamp). Policy ``clamp``
 shrinks the budget and records ``budget_clamped_by="context_guard"``; ``reject``
@@ -36,8 +42,8 @@ from typing import Callable, Optional
 from contract import context_budget
 from contract.outcomes import ContextOverflow, EngineAborted, EngineDead, EngineError
 from contract.protocol import GenerateRequest, GenerateResult
-from serve_apps.chat_format import assistant_spans, render_prompt, split_reasoning
-from serve_apps.engine_client import THINKING_BUDGET, EngineClient, EngineOutput
+from serve_apps.chat_format import assistant_spans, no_thinking, render_prompt, split_reasoning
+from serve_apps.engine_client import THINKING_BUDGET, EngineClient, EngineOutput, thinks
 
 # Leave room for at least this many new tokens or reject: a 1-token "completion" is
 # worse than an explicit reject.
@@ -62,11 +68,13 @@ class Generator:
     async def prompt_ids(self, request: GenerateRequest) -> list[int]:
         if request.input_ids:
             return list(request.input_ids)
-        return await self.chat_ids(request.messages, request.tools)
+        return await self.chat_ids(request.messages, request.tools,
+                                   thinks(request.sampling or {}))
 
-    async def chat_ids(self, messages: list[dict], tools: Optional[list[dict]]) -> list[int]:
-        """A chat prompt's ids, template applied."""
-        return await self.client.tokenize(self._render(messages, tools))
+    async def chat_ids(self, messages: list[dict], tools: Optional[list[dict]],
+                       thinking: bool = True) -> list[int]:
+        """A chat prompt's ids, template applied (thinking on or off)."""
+        return await self.client.tokenize(self._render(messages, tools, thinking=thinking))
 
     def fit_budget(self, prompt_len: int, budget: int, policy: str) -> int:
         room = context_budget.room(self.context_length, prompt_len, self.reserved_tokens)
@@ -108,13 +116,16 @@ class Generator:
                 raise EngineDead(f"engine process exited: {exc}") from exc
             return GenerateResult.failed(key, exc.error_class, str(exc), self.replica_id)
         result = self._result(key, prompt_ids, output_ids, out, budget, effective,
-                              time.perf_counter() - started, text)
+                              time.perf_counter() - started, text,
+                              thinks(request.sampling or {}))
         result.assistant_spans = spans
         return result
 
     async def token_spans(self, request: GenerateRequest, ids: list[int]) -> list[list[int]]:
         """[start, end) in ``ids`` of each assistant message of the request's prompt."""
-        text = self._render(request.messages, request.tools)
+        # The spans lie before the generation prompt, the only part thinking changes.
+        text = self._render(request.messages, request.tools,
+                            thinking=thinks(request.sampling or {}))
         positions: dict[int, int] = {}
         out = []
         for span in self._spans(request.messages, request.tools):
@@ -127,7 +138,11 @@ class Generator:
 
     async def _continued_sampling(self, request: GenerateRequest, ids: list[int],
                                   sampling: dict) -> tuple[dict, bool]:
-        """(sampling, still thinking) of this request: see the module docstring."""
+        """(sampling, still thinking) of this request: see the module docstring. A row
+        rendered with thinking off never thinks: no budget, require_reasoning false."""
+        if not thinks(sampling):
+            sampling.pop(THINKING_BUDGET, None)
+            return sampling, False
         if request.prompt_len is None:
             return sampling, True
         if self._think_end_ids is None:
@@ -141,8 +156,10 @@ class Generator:
         return sampling, True
 
     def _result(self, key: str, ids: list[int], output_ids: list[int], out: EngineOutput,
-                budget: int, effective: int, latency_s: float, text: str) -> GenerateResult:
-        reasoning, answer, finished_thinking = split_reasoning(text, self.think_end)
+                budget: int, effective: int, latency_s: float, text: str,
+                thinking: bool = True) -> GenerateResult:
+        reasoning, answer, finished_thinking = (split_reasoning(text, self.think_end)
+                                                if thinking else no_thinking(text))
         clamped_by = "context_guard" if effective < budget else ""
         if out.finish_reason == "length" and out.finish_length and out.finish_length < effective:
             clamped_by = "engine"
@@ -154,7 +171,8 @@ class Generator:
             finish_reason=out.finish_reason, matched_stop=out.matched_stop,
             prompt_tokens=len(ids), completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
-            reasoning_tokens=_reasoning_tokens(out, finished_thinking, self._think_end_ids),
+            reasoning_tokens=(_reasoning_tokens(out, finished_thinking, self._think_end_ids)
+                              if thinking else 0),
             spec_verify_ct=verify,
             accept_length=(out.completion_tokens / verify) if verify else None,
             latency_s=latency_s, replica=self.replica_id,

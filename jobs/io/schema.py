@@ -59,6 +59,8 @@ DATA = pa.schema([
     ("turns", pa.list_(TURN)),  # job.regenerate every_turn: the turns regenerated so far; else None
     ("turn_stop", pa.string()),  # every_turn: why the conversation ended (complete | length |
                                  # tool_calls_differ | error:<class>); None = more turns to go
+    ("setting", pa.string()),  # a sampling mix: the name of the row's setting; None = the
+                               # run's one setting (jobs/pipeline/sampling_mix.py)
 ])
 
 FAILURES = pa.schema([
@@ -83,7 +85,7 @@ KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
 # Columns added after runs were first written: a part that predates one reads it as
 # nulls (jobs/io/run_store.py); any other missing column makes the part damaged.
 LATER_COLUMNS = frozenset({"prompt_hash", "reject_id", "integrity_flags", "max_thinking_tokens",
-                           "sample", "seed", "turns", "turn_stop"})
+                           "sample", "seed", "turns", "turn_stop", "setting"})
 
 # What flows from the generate stage to the sink: every column of data/ and failures/
 # plus the row's destination (rejects never reach the stage: admission writes them).

@@ -5,11 +5,14 @@ Row contract: reads validate's rows (``ADMIT_INPUTS``: key, ordinal, reject_reas
 checked per batch) and passes on, whole, exactly the rows the table chose: a row whose
 key digest is in the table with that row's ordinal. With job.samples_per_prompt n > 1
 each admitted input row becomes one row per admitted sample, with its ``sample`` and
-``seed`` columns, the samples of a prompt next to each other. No actor, nothing counted
+``seed`` columns, the samples of a prompt next to each other. With a sampling mix each
+row kept also gets its ``setting`` (drawn per (key, sample)). No actor, nothing counted
 twice, nothing to lose when a worker dies: whatever Ray re-executes gets the same rows.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +20,7 @@ import pyarrow as pa
 from jobs.io.digests import digests_of
 from jobs.io.samples import sample_digests, sample_seed
 from jobs.pipeline.admission_table import AdmissionTable
+from jobs.pipeline.sampling_mix import with_settings
 from jobs.pipeline.stage_inputs import StageInputs
 
 ADMIT_INPUTS = StageInputs("admit", {
@@ -39,20 +43,24 @@ def _table_of(holder: list) -> AdmissionTable:
     return _TABLES[key]
 
 
-def admit_batch(batch: pa.Table, table: list) -> pa.Table:
+def admit_batch(batch: pa.Table, table: list,
+                mix: Sequence[tuple[str, float]] = ()) -> pa.Table:
     """map_batches function: keep exactly the rows the admission table chose.
 
     ``table`` is ``[ObjectRef(AdmissionTable)]`` (a list, so Ray hands the ref over
-    unresolved and each worker fetches it once)."""
+    unresolved and each worker fetches it once). ``mix``: (name, weight) of each setting
+    of a sampling mix: each row kept gets its ``setting``, drawn from its identity and
+    the table's salt (jobs/pipeline/sampling_mix.py)."""
     ADMIT_INPUTS.check(batch)
     admitted = _table_of(table) if isinstance(table, list) else table
     valid = batch.column("reject_reason").is_null().to_numpy(zero_copy_only=False)
     digests = digests_of(batch.column("key").to_pylist(), admitted.salt)
     ordinals = batch.column("ordinal").to_numpy(zero_copy_only=False).astype(np.int64)
     if admitted.samples > 1:
-        return _expand(batch, admitted, digests, ordinals, valid)
-    keep = admitted.admits(digests, ordinals) & valid
-    return batch.filter(pa.array(keep))
+        out = _expand(batch, admitted, digests, ordinals, valid)
+    else:
+        out = batch.filter(pa.array(admitted.admits(digests, ordinals) & valid))
+    return with_settings(out, mix, admitted.salt) if mix else out
 
 
 def _expand(batch: pa.Table, admitted: AdmissionTable, digests: np.ndarray,

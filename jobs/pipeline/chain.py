@@ -76,7 +76,7 @@ def build(cfg: RunConfig, inputs: list[Location], table: list, stage: StageSetti
     ds = ds.map_batches(validate_batch, batch_format="pyarrow", batch_size=None,
                         num_cpus=LIGHT_CPU, compute=light_tasks())
     ds = ds.map_batches(admit_batch, batch_format="pyarrow", batch_size=None,
-                        fn_kwargs={"table": table}, num_cpus=LIGHT_CPU,
+                        fn_kwargs={"table": table, "mix": stage.mix}, num_cpus=LIGHT_CPU,
                         compute=light_tasks())
     return generate(ds, cfg, stage)
 

@@ -197,8 +197,10 @@ def strategy(mode: Mode | str) -> Strategy:
 
 def _base_request(row: dict[str, Any], stage: "StageSettings", category: str) -> GenerateRequest:
     """What every mode's request carries: key, run, the category label, the budget, the
-    sampling (+ the sample's seed with n > 1; a continued row's own) and context policy."""
-    sampling = stage.sampling
+    sampling (the row's setting's, jobs/pipeline/sampling_mix.py: with a mix the row's
+    ``setting`` column names it; + the sample's seed with n > 1; a continued row's own)
+    and context policy."""
+    sampling = stage.setting_of(row).sampling
     if row.get("seed") is not None:
         sampling = dict(sampling, **{SEED_FIELD: int(row["seed"])})
     return GenerateRequest(key=row["key"], run=stage.run, category=category,

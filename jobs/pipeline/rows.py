@@ -37,12 +37,18 @@ def data_row(row: dict[str, Any], result: GenerateResult, stage: "StageSettings"
         messages=row["messages"], tools=row["tools"], prompt_hash=row.get("prompt_hash"),
         budget_history=[result.max_new_tokens], continuations=0,
         repetition_ratio=repetition_ratio(result.output_token_ids),
-        attempts=attempts, model=stage.model, sampling=stage.sampling_json,
-        settings_hash=stage.settings_hash, created_at=now(),
-        max_thinking_tokens=stage.max_thinking_tokens,
-        sample=row.get("sample"), seed=row.get("seed"))  # a regenerated row keeps its own
+        attempts=attempts, settings_hash=stage.settings_hash, created_at=now(),
+        sample=row.get("sample"), seed=row.get("seed"),  # a regenerated row keeps its own
+        **_setting_columns(row, stage))
     out["integrity_flags"] = integrity_flags(out)
     return out
+
+
+def _setting_columns(row: dict[str, Any], stage: "StageSettings") -> dict[str, Any]:
+    """The columns of the row's sampling setting (one, or its draw of a mix)."""
+    setting = stage.setting_of(row)
+    return {"model": stage.model, "sampling": setting.sampling_json,
+            "max_thinking_tokens": setting.max_thinking_tokens, "setting": setting.name}
 
 
 def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -71,9 +77,8 @@ def continued_row(base: dict[str, Any], result: GenerateResult, stage: "StageSet
         accept_length=total / verify if verify else None,
         repetition_ratio=repetition_ratio(result.output_token_ids),
         latency_s=_add(base["latency_s"], result.latency_s), attempts=attempts,
-        model=stage.model, sampling=stage.sampling_json,
         settings_hash=stage.settings_hash,  # its own (checked equal to the base's)
-        created_at=now(), max_thinking_tokens=stage.max_thinking_tokens)
+        created_at=now(), **_setting_columns(base, stage))
     out["integrity_flags"] = integrity_flags(out)  # of the whole output, this version's
     return out
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from jobs.config import BreakerConfig, RetryConfig, RunConfig
 from jobs.io.samples import SEED_SCHEME
 from jobs.pipeline.modes import Mode, Strategy, strategy
+from jobs.pipeline.sampling_mix import Setting, hashed, settings_of
 from serve_apps.engine_hash import deployed_engine_hash
 
 
@@ -136,6 +137,8 @@ class StageSettings:
     samples_per_prompt: int = 1   # job.samples_per_prompt: rows per prompt (jobs/io/samples.py)
     single_sample_hash: str = ""  # with n > 1: the hash these settings have at n = 1
     every_turn: bool = False      # job.regenerate every_turn: rows carry turns (jobs/pipeline/turns.py)
+    settings: tuple[Setting, ...] = ()  # job.sampling's (jobs/pipeline/sampling_mix.py);
+                                  # () = the one of ``sampling`` (a hand-built stage)
 
     @property
     def strategy(self) -> Strategy:
@@ -153,13 +156,34 @@ class StageSettings:
         """The rows' thinking budget (job.sampling.max_thinking_tokens; None = none)."""
         return self.sampling.get("max_thinking_tokens")
 
+    @property
+    def mix(self) -> tuple[tuple[str, float], ...]:
+        """(name, weight) of each setting of a sampling mix; () for one setting."""
+        return tuple((s.name, s.weight) for s in self.settings if s.name is not None)
+
+    def setting_of(self, row: dict[str, Any]) -> Setting:
+        """The setting a row is sent and recorded with: the one, or the mix's it drew
+        (its ``setting`` column: the admit stage's draw, or a data/ row's record)."""
+        if not self.mix:
+            return Setting(None, 1.0, self.sampling, self.sampling_json)
+        name = row.get("setting")
+        found = next((s for s in self.settings if s.name == name), None)
+        if found is None:
+            raise ValueError(
+                f"row {row.get('key')!r} has setting {name!r}, not one of this run's "
+                f"sampling mix ({', '.join(n for n, _ in self.mix)}): a row made under "
+                f"other settings (resume and continue refuse those before sending)")
+        return found
+
     @classmethod
     def of(cls, cfg: RunConfig, mode: RunMode = RunMode()) -> "StageSettings":
-        job, sampling = cfg.job, cfg.job.sampling.to_sglang()
+        job, settings = cfg.job, settings_of(cfg.job)
+        main = max(settings, key=lambda s: s.weight)  # as job.main_sampling: tools send it
+        sampling = hashed(settings)  # the one setting's params, or the whole mix
         return cls(
             run=job.run_name, model=cfg.engine.model_name, max_new_tokens=job.max_new_tokens,
-            context_policy=job.context_policy, sampling=sampling,
-            sampling_json=json.dumps(sampling, sort_keys=True),
+            context_policy=job.context_policy, sampling=main.sampling,
+            sampling_json=main.sampling_json, settings=settings,
             settings_hash=settings_hash(cfg.engine.model_name, sampling,
                                         output_settings=output_settings(
                                             cfg.engine, job.context_policy,

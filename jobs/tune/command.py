@@ -99,8 +99,8 @@ def gpus_per_engine(cfg) -> float:
 
 def requests_of(cfg, prompts: list[dict[str, Any]]) -> Callable[[int], Any]:
     """The i-th request of the closed loop: the sample's prompts round and round, at the
-    run's budget, sampling and context policy."""
-    sampling = cfg.job.sampling.to_sglang()
+    run's budget, sampling (a mix's heaviest setting) and context policy."""
+    sampling = cfg.job.main_sampling.to_sglang()
 
     def make(i: int) -> GenerateRequest:
         row = prompts[i % len(prompts)]

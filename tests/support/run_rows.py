@@ -32,7 +32,7 @@ def make_row(key: str, version: int = 0, **over: Any) -> dict[str, Any]:
         "sampling": "{}", "settings_hash": "h1",
         "created_at": T0 + dt.timedelta(seconds=version), "prompt_hash": None,
         "integrity_flags": [], "max_thinking_tokens": None, "sample": None, "seed": None,
-        "turns": None, "turn_stop": None,
+        "turns": None, "turn_stop": None, "setting": None,
     }
     assert set(row) | set(over) == set(DATA.names), set(over) - set(DATA.names)
     row.update(over)
@@ -85,7 +85,14 @@ def sidecar_as_format_4(store: RunStore, kind: str, part_name: str) -> None:
     """Rewrite a part's sidecar as raygen before format 5 wrote it: the statistics but
     integrity_flags, format 4 (a run written by the previous version)."""
     from jobs.io import part_summary
-    _rewrite_sidecar(store, kind, part_name, "4", list(part_summary.STATS_ADDED))
+    _rewrite_sidecar(store, kind, part_name, "4", list(part_summary.STATS_ADDED)
+                     + list(part_summary.STATS_NULL_BEFORE))
+
+
+def sidecar_as_format_5(store: RunStore, kind: str, part_name: str) -> None:
+    """Rewrite a part's sidecar as raygen before format 6 wrote it: no setting."""
+    from jobs.io import part_summary
+    _rewrite_sidecar(store, kind, part_name, "5", list(part_summary.STATS_NULL_BEFORE))
 
 
 def _rewrite_sidecar(store: RunStore, kind: str, part_name: str, fmt: str,
