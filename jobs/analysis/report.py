@@ -73,7 +73,7 @@ REPORT_COLUMNS = [
     "completion_tokens", "reasoning_tokens", "max_new_tokens", "effective_max_new_tokens",
     "budget_clamped_by", "continuations", "spec_verify_ct", "repetition_ratio",
     "settings_hash", "created_at", "latency_s", "replica", "max_thinking_tokens",
-    "integrity_flags"]
+    "integrity_flags", "setting"]
 FLAGGED_KEYS_LISTED = 100     # report.json names this many flagged latest rows by key
 
 
@@ -240,6 +240,7 @@ def assemble(store: RunStore, df: pd.DataFrame, index: RunIndex,
         "thinking_budgets": thinking_budgets(df, clock),
         "overall": group_stats(df),
         "by_category": breakdown(df, df["category"]),
+        "by_setting": breakdown(df, df["setting"]),  # a sampling mix's; {} with one setting
         "by_prompt_bin": breakdown(df, prompt_bin(df["prompt_tokens"]).astype(object),
                                    [label for _, _, label in PROMPT_BINS]),
         "failures": failure_stats(store, index.done),
@@ -403,6 +404,9 @@ def render_markdown(rep: dict[str, Any]) -> str:
     lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in cats[:MD_MAX_CATEGORIES]])
     if len(cats) > MD_MAX_CATEGORIES:
         lines += [f"({len(cats) - MD_MAX_CATEGORIES} smaller categories in report.json)", ""]
+    if rep.get("by_setting"):
+        lines += ["## By sampling setting (job.sampling mix)", ""]
+        lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in rep["by_setting"].items()])
     lines += ["## By prompt length (tokens)", ""]
     lines += _table(GROUP_HEADERS, [_group_row(k, g) for k, g in rep["by_prompt_bin"].items()])
     lines += budgets_md(rep.get("thinking_budgets") or [])

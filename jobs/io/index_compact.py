@@ -241,8 +241,9 @@ class CompactStats:
         return at + span[0]
 
     def columns(self, positions: np.ndarray, columns: list[str]) -> pa.Table:
+        held = [c for c in columns if c in self.table.column_names]  # older: no setting
         return part_summary.as_part_columns(
-            self.table.select(columns).take(pa.array(positions)), columns)
+            self.table.select(held).take(pa.array(positions)), columns)
 
 
 def load_stats(index) -> Optional[CompactStats]:

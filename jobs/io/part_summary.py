@@ -36,6 +36,12 @@ report reads its part's columns instead (``has_stats``).
 Format 5 adds ``integrity_flags`` (contract/integrity.py) to the statistics, so the
 report counts the latest rows an engine broke without reading a part. A format-4 sidecar
 answers every other statistic; its part is read for that one column (``served``).
+
+Format 6 adds ``setting`` (a sampling mix's setting name per row, jobs/pipeline/
+sampling_mix.py), so the report splits by setting from sidecars. A part whose sidecar is
+older was written before the column existed (raygen writes format 6 for every part it
+writes or rebuilds), so an older sidecar answers it as nulls, no part read
+(``STATS_NULL_BEFORE``): an upgraded run's report costs what it did.
 """
 
 from __future__ import annotations
@@ -55,19 +61,22 @@ from jobs.io.schema import DATA
 # their parts are checked by Parquet's own page checksums only. Format 3 adds key_salt_id;
 # 1 and 2 are unsalted. Format 4 adds STATS_COLUMNS to data sidecars; format 5 adds
 # integrity_flags to them.
-FORMAT = "5"
-READABLE_FORMATS = ("1", "2", "3", "4", "5")
+FORMAT = "6"
+READABLE_FORMATS = ("1", "2", "3", "4", "5", "6")
 # Data columns a format-4 sidecar keeps per row as they are in the part (the report's);
 # version, created_at, finish_reason, completion_tokens and settings_hash it has already.
 STATS_COLUMNS = ["category", "finished_thinking", "prompt_tokens", "reasoning_tokens",
                  "max_new_tokens", "effective_max_new_tokens", "budget_clamped_by",
                  "continuations", "spec_verify_ct", "repetition_ratio", "latency_s",
-                 "replica", "max_thinking_tokens", "integrity_flags"]
+                 "replica", "max_thinking_tokens", "integrity_flags", "setting"]
 STATS_ADDED = {"integrity_flags": "5"}   # statistics a later format added: since which
+# Statistics a later format added whose column no part written before it holds: an older
+# sidecar answers them as nulls (its part is not read).
+STATS_NULL_BEFORE = {"setting": "6"}
 # Every data column a format-5 sidecar answers per row (``stats``): the report's.
 SERVED = ["version", "finish_reason", "completion_tokens", "settings_hash", "created_at",
           *STATS_COLUMNS]
-_DICTIONARY = {"category", "budget_clamped_by", "replica"}   # few distinct values
+_DICTIONARY = {"category", "budget_clamped_by", "replica", "setting"}  # few distinct values
 _WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 INDEX = "index"   # <run>/index/<kind>/
 SUFFIX = ".arrow"
@@ -196,7 +205,8 @@ def decode(data: bytes, kind: str, part_bytes: Optional[int], salt: bytes = b"")
 def has_stats(summary: pa.Table) -> bool:
     """Whether a data sidecar holds the report's statistics (format 4 and later; a
     format-4 one without those STATS_ADDED since)."""
-    return set(STATS_COLUMNS) - set(STATS_ADDED) <= set(summary.column_names)
+    return (set(STATS_COLUMNS) - set(STATS_ADDED) - set(STATS_NULL_BEFORE)
+            <= set(summary.column_names))
 
 
 def served(summary: pa.Table, columns: list[str]) -> list[str]:
@@ -220,7 +230,11 @@ def as_part_columns(stored: pa.Table, columns: list[str],
     part's columns."""
     arrays = []
     for name in columns:
-        column = stored.column((names or {}).get(name, name))
+        held = (names or {}).get(name, name)
+        if held not in stored.column_names and name in STATS_NULL_BEFORE:
+            arrays.append(pa.nulls(stored.num_rows, DATA.field(name).type))
+            continue  # an older sidecar or stats object: a part without the column
+        column = stored.column(held)
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
         arrays.append(column.cast(DATA.field(name).type))

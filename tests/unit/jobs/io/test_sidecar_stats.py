@@ -1,7 +1,8 @@
-"""Format-4 and 5 data sidecars keep the report's per-row statistics, so the end-of-
+"""Format-4 to 6 data sidecars keep the report's per-row statistics, so the end-of-
 session report reads no data part; format 1-3 sidecars stay valid (the report reads their
-parts' columns instead), a format-4 one answers all but integrity_flags (format 5's), and
-every way gives the same report."""
+parts' columns instead), a format-4 one answers all but integrity_flags (format 5's), a
+format-5 one answers setting (format 6's) as nulls without reading its part, and every
+way gives the same report."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from jobs.io.run_index import RunIndex
 from jobs.io.run_store import RunStore
 from tests.support.run_rows import (T0, failure_row, make_row, reject_row,
                                     sidecar_as_format_3, sidecar_as_format_4,
-                                    write_rows)
+                                    sidecar_as_format_5, write_rows)
 
 SIDECAR_OWN = {"version", "created_at", "finish_reason", "completion_tokens", "settings_hash"}
 
@@ -81,15 +82,15 @@ def figures(store: RunStore) -> dict:
     return rep
 
 
-def test_every_report_column_is_in_a_format_5_sidecar():
+def test_every_report_column_is_in_a_format_6_sidecar():
     assert set(report.REPORT_COLUMNS) <= SIDECAR_OWN | set(part_summary.STATS_COLUMNS)
 
 
-def test_a_format_5_sidecar_holds_the_parts_values(store):
+def test_a_format_6_sidecar_holds_the_parts_values(store):
     path = store.part_paths("data")[0]
     with open(store.sidecar_loc("data", os.path.basename(path)).path, "rb") as f:
         summary = part_summary.decode(f.read(), "data", os.path.getsize(path), store.key_salt)
-    assert summary.schema.metadata[b"format"] == b"5" and part_summary.has_stats(summary)
+    assert summary.schema.metadata[b"format"] == b"6" and part_summary.has_stats(summary)
     assert pa.types.is_dictionary(summary.schema.field("category").type)
     rows = pa.array([0, 3, 5, 31])
     columns = report.REPORT_COLUMNS
@@ -155,3 +156,30 @@ def test_a_stale_sidecar_is_not_taken_for_the_report(store, monkeypatch):
     df, _ = report.load_latest(store, index)
     assert reads == [path] and len(df) == whole["keys"]
     assert set(df.columns) == set(report.REPORT_COLUMNS)
+
+
+def test_format_5_sidecars_answer_the_setting_as_null_reading_no_part(store, monkeypatch):
+    """A run upgraded mid-way: its parts predate the setting column, so their format-5
+    sidecars answer it as nulls; the report reads no part and is the same."""
+    whole = figures(store)
+    paths = store.part_paths("data")
+    for path in paths[::2]:
+        sidecar_as_format_5(store, "data", os.path.basename(path))
+    reads = data_part_reads(monkeypatch, store)
+    assert "part" not in RunIndex.open(store).reads  # a format-5 sidecar stays valid
+    assert figures(store) == whole and reads == []
+    assert whole["by_setting"] == {}  # one setting: no split
+
+
+def test_the_report_splits_a_mix_by_setting(tmp_path):
+    store = RunStore(str(tmp_path / "run"), StorageConfig())
+    store.init_run_file()
+    rows = [make_row(f"k{i}", setting="direct" if i % 4 == 0 else "think",
+                     finish_reason="length" if i % 4 == 0 else "stop",
+                     completion_tokens=100 if i % 4 == 0 else 900) for i in range(40)]
+    write_rows(store, "data", rows, per_file=16)
+    rep = report.build_report(store)
+    assert {k: (g["rows"], g["truncated"], g["output_tokens"]["mean"])
+            for k, g in rep["by_setting"].items()} == {"direct": (10, 10, 100),
+                                                       "think": (30, 0, 900)}
+    assert "## By sampling setting" in report.render_markdown(rep)
