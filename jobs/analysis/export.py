@@ -2,8 +2,8 @@
 
     python -m jobs.analysis.export RUN --format pretokenized|conversations|messages --out URI
         [--file-type jsonl|parquet] [--include-truncated] [--require-finished-thinking]
-        [--max-repetition-ratio R] [--max-length N] [--category C ...] [--config FILE]
-        [--extra-columns accept_length,category]
+        [--max-repetition-ratio R] [--max-length N] [--category C ...] [--setting S ...]
+        [--config FILE] [--extra-columns accept_length,category,setting]
         [--check-template TOKENIZER [--max-template-mismatch SHARE] [--allow-template-mismatch]]
         [--incremental]
 
@@ -25,7 +25,7 @@ each filter dropped). Formats, one record per kept row:
 that is never null keeps one type in every shard (datasets.load_dataset("json") takes
 the types from the first shard and fails on a later string where it saw only nulls).
 
---extra-columns appends the rows' accept_length / category to every record
+--extra-columns appends the rows' accept_length / category / setting to every record
 (extra_columns.py); --check-template re-renders conversations/messages records as the
 trainers do and refuses an export whose ids differ from the sampled ones
 (template_check.py). --incremental exports only what is new since the last such call,
@@ -172,6 +172,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="drop rows longer than N tokens (prompt + output)")
     parser.add_argument("--category", action="append", default=[], metavar="C",
                         help="keep only this category (repeat for several)")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME",
+                        help="keep only rows of this sampling setting (a job.sampling mix's "
+                             "name; repeat for several)")
     parser.add_argument("--keep-flagged", action="store_true",
                         help="keep rows with integrity flags (empty answer, missing </think>, "
                              "token runs, n-gram loops, U+FFFD); default: left out, counted "
@@ -188,7 +191,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "output tokens): the manifest's token_yield says, per category, the "
                         "output tokens it trains on and cuts, and their GPU time")
     parser.add_argument("--extra-columns", default=None, metavar="LIST",
-                        help="add accept_length and/or category to each record")
+                        help="add accept_length, category and/or setting to each record")
     parser.add_argument("--check-template", default=None, metavar="TOK",
                         help="re-render chat records with tokenizer TOK (a folder, or "
                              "`model`: engine.model_path) and compare with the sampled ids")
@@ -208,7 +211,8 @@ def filters_from_args(args: argparse.Namespace) -> Filters:
     return Filters(include_truncated=args.include_truncated,
                    require_finished_thinking=args.require_finished_thinking,
                    max_repetition_ratio=args.max_repetition_ratio, max_length=args.max_length,
-                   categories=tuple(args.category), keep_flagged=args.keep_flagged)
+                   categories=tuple(args.category), keep_flagged=args.keep_flagged,
+                   settings=tuple(args.setting))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ MANIFEST = "export.manifest"
 SHARD_NAME = re.compile(r"^part-\d{5}\.(jsonl|parquet)$")
 RUN_FOLDERS = ("data", "failures", "rejects", "final")
 FILTER_COLUMNS = ["category", "finish_reason", "finished_thinking", "repetition_ratio",
-                  "prompt_token_ids", "output_token_ids", "integrity_flags"]
+                  "prompt_token_ids", "output_token_ids", "integrity_flags", "setting"]
 TEXT_COLUMNS = ["messages", "tools", "reasoning", "answer"]
 
 TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", pa.struct(
@@ -63,6 +63,7 @@ class Filters:
     max_length: Optional[int] = None         # prompt + output tokens
     categories: tuple[str, ...] = ()         # empty = every category
     keep_flagged: bool = False               # keep rows with integrity flags too
+    settings: tuple[str, ...] = ()           # a sampling mix's settings; empty = every one
 
     def checks(self) -> list[tuple[str, Callable[[pa.Table], pa.ChunkedArray]]]:
         """(filter name, keep-mask function) in the order they apply; only active ones."""
@@ -81,7 +82,22 @@ class Filters:
         if self.categories:
             wanted = pa.array(list(self.categories))
             out.append(("category", lambda t: pc.is_in(t["category"], wanted)))
+        if self.settings:
+            chosen = pa.array(list(self.settings))
+            out.append(("setting", lambda t: pc.is_in(t["setting"], chosen)))
         return out
+
+    def as_json(self) -> dict[str, Any]:
+        """The filters as a manifest or journal records them (``settings`` only when set:
+        an incremental export's journal from before it compares equal)."""
+        out = {**self.__dict__, "categories": list(self.categories)}
+        settings = out.pop("settings")
+        return {**out, "settings": list(settings)} if settings else out
+
+    @classmethod
+    def of_json(cls, fields: dict[str, Any]) -> "Filters":
+        return cls(**{**fields, "categories": tuple(fields["categories"]),
+                      "settings": tuple(fields.get("settings", ()))})
 
     def apply(self, t: pa.Table, dropped: dict[str, int]) -> pa.Table:
         for name, keep in self.checks():
@@ -288,7 +304,7 @@ class ExportPass:
         return {
             "dropped": dict(self.dropped),
             "integrity_flags": dict(sorted(self.flagged.items())),  # of the rows read
-            "filters": {**self.filters.__dict__, "categories": list(self.filters.categories)},
+            "filters": self.filters.as_json(),
             "extra_columns": list(self.extras),
             "template_check": self.template.report() if self.template is not None else None,
             "token_yield": self.yields.result() if self.yields is not None else None,

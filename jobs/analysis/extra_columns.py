@@ -22,7 +22,8 @@ from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
-EXTRA_COLUMNS: dict[str, pa.DataType] = {"accept_length": pa.float64(), "category": pa.string()}
+EXTRA_COLUMNS: dict[str, pa.DataType] = {"accept_length": pa.float64(), "category": pa.string(),
+                                         "setting": pa.string()}  # a mix's setting name
 # Not a flag: every record of a run with job.samples_per_prompt > 1 ends with its sample
 # (0..n-1), the same way; a run of one sample per prompt never has it (records unchanged).
 SAMPLE = "sample"

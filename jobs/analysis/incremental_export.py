@@ -51,7 +51,7 @@ def rows_to_export(index: RunIndex, journal: journal_io.Journal
 def options_of(store: RunStore, fmt: str, file_type: str, filters: Filters,
                extras: tuple[str, ...]) -> dict[str, Any]:
     return {"run": store.uri, "format": fmt, "file_type": file_type,
-            "filters": {**filters.__dict__, "categories": list(filters.categories)},
+            "filters": filters.as_json(),
             "extra_columns": list(extras)}
 
 
@@ -100,8 +100,7 @@ def _batch(store: RunStore, out, journal: journal_io.Journal, lock: journal_io.E
     columns, yields = read_columns(fmt, extras, trainer_max_length)
     writer = ShardWriter(out, fmt, options["file_type"], rows_per_file, extras,
                          journal_io.shard_prefix(n, lock.token))
-    filters = Filters(**{**options["filters"], "categories": tuple(
-        options["filters"]["categories"])})
+    filters = Filters.of_json(options["filters"])
     rows_pass = ExportPass(writer, fmt, filters, extras, template, yields)
     prev_of = np.full(len(index.latest["digest"]), -1, np.int32)
     prev_of[positions] = prev

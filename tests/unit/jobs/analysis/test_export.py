@@ -235,3 +235,29 @@ def test_fast_pretokenized_lines_equal_json_of_the_record(store):
     lines = list(ex.pretokenized_lines(table))
     assert lines == [(json.dumps(ex.pretokenized_record(r), ensure_ascii=False) + "\n").encode()
                      for r in table.to_pylist()]
+
+
+def test_a_mix_exports_by_setting_and_thinking_off_rows_as_answers(store, tmp_path):
+    """--setting keeps a sampling mix's chosen settings (counted as dropped by "setting"),
+    --extra-columns setting names each record's; a thinking-off row (reasoning empty, its
+    empty think block in the prompt) is a plain answer turn and its pretokenized mask
+    covers its output only."""
+    write_rows(store, "data", [
+        make_row("t1", setting="think"), make_row("t2", setting="think"),
+        make_row("d1", setting="direct", reasoning="", answer="Just this.",
+                 sampling='{"thinking": false}', reasoning_tokens=0,
+                 prompt_token_ids=[1, 2, 3, 4], output_token_ids=[5, 6])])
+    manifest = ex.export(store, str(tmp_path / "direct"), "messages",
+                         ex.Filters(settings=("direct",)), extras=("setting",))
+    [record] = read_jsonl(tmp_path / "direct")
+    assert record["setting"] == "direct" and record["messages"][-1] == {
+        "role": "assistant", "content": "Just this.", "reasoning_content": ""}
+    assert manifest["dropped"]["setting"] == 2
+    assert manifest["filters"]["settings"] == ["direct"]
+    ex.export(store, str(tmp_path / "ids"), "pretokenized", ex.Filters(settings=("direct",)))
+    [ids] = read_jsonl(tmp_path / "ids")
+    assert ids["input_ids"] == [1, 2, 3, 4, 5, 6] and ids["loss_mask"] == [0] * 4 + [1] * 2
+    every = ex.export(store, str(tmp_path / "all"), "messages", extras=("setting",))
+    assert every["rows"] == 3 and "settings" not in every["filters"]  # unset: not recorded
+    assert sorted(r["setting"] for r in read_jsonl(tmp_path / "all")) == [
+        "direct", "think", "think"]
