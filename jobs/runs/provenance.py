@@ -46,6 +46,7 @@ from jobs.config import RunConfig
 from jobs.io.run_store import PROVENANCE_FILE, RunStore
 from jobs.io.storage import write_json_atomic
 from jobs.pipeline import input_fingerprints
+from jobs.pipeline.sampling_mix import hashed
 from jobs.pipeline.settings import StageSettings
 from serve_apps import chat_format
 from serve_apps.app import with_local_paths
@@ -214,7 +215,7 @@ def build(cfg: RunConfig, store: RunStore, mode: "RunMode",
         "think_end_token": engine.think_end_token,
         "tool_call_parser": getattr(engine, "tool_call_parser", None),
         "speculative": engine.speculative.model_dump() if engine.speculative else None,
-        "sampling": stage.sampling,
+        "sampling": hashed(stage.settings),  # the one setting's params, or the whole mix
         "budget": {"max_new_tokens": job.max_new_tokens,
                    "context_length": engine.context_length,
                    "context_policy": job.context_policy},
