@@ -52,6 +52,8 @@ def test_a_run_of_the_previous_release_resumes_exactly(ray_cluster, s3_endpoint,
     old_rows = after[after.key.isin(before.key)]
     assert len(old_rows) == len(before)  # not one earlier row redone
     assert sorted(old_rows.created_at) == sorted(before.created_at)
+    # one sampling setting: the old rows (no setting column) and the new ones alike
+    assert after.setting.isna().all() and after.settings_hash.nunique() == 1
 
     retried = run(tree, retry_failed=True)
     assert retried.status == "succeeded" and retried.progress["session_retried_failures"] == 4
