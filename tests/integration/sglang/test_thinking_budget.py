@@ -7,13 +7,23 @@ answers ``ABCDEFGHIJ`` as always. Continuation keeps that token for token: a row
 while thinking is sent the budget left, a row cut in its answer no budget and
 ``require_reasoning`` false (else SGLang counts its answer as thinking and masks its EOS:
 the row would run to its cap).
+
+Thinking off (job.sampling.thinking false, here in a mix with thinking rows): the prompt
+SGLang gets ends in the empty think block (the model's own template renders the same
+text with enable_thinking=False), SGLang takes the request (``thinking`` is never a
+sampling param: 0.5.23 would refuse it with a 400) and counts no reasoning
+(require_reasoning false), and the row's whole output is its answer, unflagged.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jobs.analysis import report
+from jobs.pipeline.sampling_mix import draw
+from serve_apps.chat_format import model_template_renderer, render_prompt
 from serve_apps.engines.sglang_cpu import models
 from serve_apps.engines.simulator import tokenizer as tk
 from tests.integration.helpers import read, run, store_of, write_prompts
@@ -67,3 +77,29 @@ def test_a_continued_row_equals_the_one_shot_row_under_the_budget(real_config, t
         assert (row.finish_reason, row.completion_tokens) == ("stop", len(CUT_IDS))
         assert row.reasoning_tokens == BUDGET + 1
         assert row.max_thinking_tokens == BUDGET
+
+
+def test_a_mix_with_thinking_off_through_sglang(real_config, sglang_pool, tmp_path):
+    rows = write_prompts(tmp_path / "p.jsonl", 12)
+    tree = real_config(rows, job={"rows_per_call": 2, "sampling": [
+        {"name": "think", "temperature": 0.0}, {"name": "direct", "temperature": 0.0,
+                                                "thinking": False}]})
+    assert run(tree).status == "succeeded"
+    df = read(tree, "data")
+    salt = store_of(tree).key_salt
+    assert len(df) == 12 and list(df.setting) == [
+        ["think", "direct"][draw([1, 1], salt, k, None)] for k in df.key]
+    assert set(df.setting) == {"think", "direct"}  # 12 fair draws: all alike 1 in 2,048
+    model_template = model_template_renderer(sglang_pool.model)
+    for row in df.itertuples():
+        assert row.finish_reason == "stop" and list(row.integrity_flags) == [], row.key
+        assert list(row.output_token_ids) == sglang_cpu.OUTPUT_IDS, row.key
+        if row.setting == "think":
+            assert (row.reasoning, row.answer) == (sglang_cpu.REASONING, sglang_cpu.ANSWER)
+            continue
+        messages = json.loads(row.messages)
+        prompt = render_prompt(messages, thinking=False)
+        assert prompt == model_template(messages, thinking=False)  # chat_template: model too
+        assert list(row.prompt_token_ids) == tk.encode(prompt)
+        assert (row.reasoning, row.answer) == ("", sglang_cpu.TEXT)  # all of it the answer
+        assert (row.reasoning_tokens, row.finished_thinking) == (0, True)  # SGLang's count
