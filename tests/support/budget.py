@@ -75,7 +75,7 @@ MODULE_BUDGET_S: dict[str, float] = {
     "tests/integration/sglang/test_metrics_live.py": 43,
     "tests/integration/sglang/test_replica_loss.py": 80,
     "tests/integration/sglang/test_speculative.py": 50,
-    "tests/integration/sglang/test_thinking_budget.py": 40,  # + the thinking-off mix (~8 s)
+    "tests/integration/sglang/test_thinking_budget.py": 32,
     "tests/integration/test_admission_faults.py": 51,
     "tests/integration/test_bench_scale_smoke.py": 31,
     "tests/integration/test_bench_smoke.py": 40,

@@ -8,9 +8,9 @@ while thinking is sent the budget left, a row cut in its answer no budget and
 ``require_reasoning`` false (else SGLang counts its answer as thinking and masks its EOS:
 the row would run to its cap).
 
-Thinking off (job.sampling.thinking false, here in a mix with thinking rows): the prompt
-SGLang gets ends in the empty think block (the model's own template renders the same
-text with enable_thinking=False), SGLang takes the request (``thinking`` is never a
+Thinking off (job.sampling.thinking false; here the budgeted rows' session is a mix with
+thinking-off rows): the prompt SGLang gets ends in the empty think block (the model's own
+template renders the same text with enable_thinking=False), SGLang takes the request (``thinking`` is never a
 sampling param: 0.5.23 would refuse it with a 400) and counts no reasoning
 (require_reasoning false), and the row's whole output is its answer, unflagged.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from jobs.analysis import report
@@ -32,6 +33,7 @@ from tests.support import sglang_cpu
 pytestmark = [pytest.mark.integration]
 
 ROWS, BUDGET = 8, 5
+MIXED_ROWS = 12
 CUT_IDS = ([models.byte_id(c) for c in sglang_cpu.REASONING[:BUDGET]] + [tk.THINK_END_ID]
            + [models.byte_id(c) for c in sglang_cpu.ANSWER] + [tk.EOS_ID])
 
@@ -45,19 +47,43 @@ def _latest(df):
     return df.sort_values("version").groupby("key").tail(1)
 
 
-def test_sglang_ends_the_thinking_at_the_budget_and_the_row_records_it(real_config, tmp_path):
-    tree = real_config(write_prompts(tmp_path / "p.jsonl", ROWS), job=_job(64))
+def test_sglang_ends_the_thinking_at_the_budget_and_a_thinking_off_row_never_thinks(
+        real_config, sglang_pool, tmp_path):
+    """One session of a mix: rows under the budget, and rows with thinking off (each
+    row's setting its draw; 12 fair draws are all alike 1 in 2,048)."""
+    mix = [{"name": "budget", "temperature": 0.0, "max_thinking_tokens": BUDGET},
+           {"name": "direct", "temperature": 0.0, "thinking": False}]
+    tree = real_config(write_prompts(tmp_path / "p.jsonl", MIXED_ROWS),
+                       job=dict(_job(64), sampling=mix))
     assert run(tree).status == "succeeded"
     df = read(tree, "data")
-    assert len(df) == ROWS
+    salt = store_of(tree).key_salt
+    assert len(df) == MIXED_ROWS and list(df.setting) == [
+        ["budget", "direct"][draw([1, 1], salt, k, None)] for k in df.key]
+    assert set(df.setting) == {"budget", "direct"}
+    model_template = model_template_renderer(sglang_pool.model)
     for row in df.itertuples():
+        assert row.finish_reason == "stop" and list(row.integrity_flags) == [], row.key
+        if row.setting == "direct":  # SGLang took it: a 'thinking' param would be a 400
+            messages = json.loads(row.messages)
+            prompt = render_prompt(messages, thinking=False)
+            assert prompt == model_template(messages, thinking=False)  # chat_template: model
+            assert list(row.prompt_token_ids) == tk.encode(prompt)
+            assert list(row.output_token_ids) == sglang_cpu.OUTPUT_IDS, row.key
+            assert (row.reasoning, row.answer) == ("", sglang_cpu.TEXT)  # all the answer
+            assert (row.reasoning_tokens, row.finished_thinking) == (0, True)  # SGLang's 0
+            assert pd.isna(row.max_thinking_tokens)  # none sent
+            continue
         assert list(row.output_token_ids) == CUT_IDS, row.key
         assert (row.reasoning, row.answer) == (sglang_cpu.REASONING[:BUDGET], sglang_cpu.ANSWER)
         assert (row.finish_reason, row.finished_thinking) == ("stop", True)
         assert row.reasoning_tokens == BUDGET + 1      # SGLang's count, </think> included
         assert row.max_thinking_tokens == BUDGET
-    entry, = report.build_report(store_of(tree))["thinking_budgets"]
-    assert (entry["max_thinking_tokens"], entry["thinking_ended_at_budget"]) == (BUDGET, ROWS)
+    budgeted = int((df.setting == "budget").sum())
+    entries = {e["max_thinking_tokens"]: e for e in
+               report.build_report(store_of(tree))["thinking_budgets"]}
+    assert entries[BUDGET]["thinking_ended_at_budget"] == budgeted
+    assert entries[BUDGET]["rows"] == budgeted and entries[None]["rows"] == MIXED_ROWS - budgeted
 
 
 @pytest.mark.parametrize("cut_at, thinking", [(3, True), (8, False)],
@@ -78,28 +104,3 @@ def test_a_continued_row_equals_the_one_shot_row_under_the_budget(real_config, t
         assert row.reasoning_tokens == BUDGET + 1
         assert row.max_thinking_tokens == BUDGET
 
-
-def test_a_mix_with_thinking_off_through_sglang(real_config, sglang_pool, tmp_path):
-    rows = write_prompts(tmp_path / "p.jsonl", 12)
-    tree = real_config(rows, job={"rows_per_call": 2, "sampling": [
-        {"name": "think", "temperature": 0.0}, {"name": "direct", "temperature": 0.0,
-                                                "thinking": False}]})
-    assert run(tree).status == "succeeded"
-    df = read(tree, "data")
-    salt = store_of(tree).key_salt
-    assert len(df) == 12 and list(df.setting) == [
-        ["think", "direct"][draw([1, 1], salt, k, None)] for k in df.key]
-    assert set(df.setting) == {"think", "direct"}  # 12 fair draws: all alike 1 in 2,048
-    model_template = model_template_renderer(sglang_pool.model)
-    for row in df.itertuples():
-        assert row.finish_reason == "stop" and list(row.integrity_flags) == [], row.key
-        assert list(row.output_token_ids) == sglang_cpu.OUTPUT_IDS, row.key
-        if row.setting == "think":
-            assert (row.reasoning, row.answer) == (sglang_cpu.REASONING, sglang_cpu.ANSWER)
-            continue
-        messages = json.loads(row.messages)
-        prompt = render_prompt(messages, thinking=False)
-        assert prompt == model_template(messages, thinking=False)  # chat_template: model too
-        assert list(row.prompt_token_ids) == tk.encode(prompt)
-        assert (row.reasoning, row.answer) == ("", sglang_cpu.TEXT)  # all of it the answer
-        assert (row.reasoning_tokens, row.finished_thinking) == (0, True)  # SGLang's count
