@@ -2,7 +2,15 @@
 SIGKILLed once parts are durable and the run resumed; every (key, sample) is then in
 data/ exactly once, each sample with its own seed (the one jobs/io/samples.py derives)
 and its own output; its truncated samples are continued per sample; finalize writes one
-row per (key, sample) and export one record per (key, sample) with its sample."""
+row per (key, sample) and export one record per (key, sample) with its sample.
+
+The run is a sampling mix (job.sampling a list), mostly thinking off: each sample's
+setting is the one jobs/pipeline/sampling_mix.py draws from (key, sample) and the run's
+salt, the same after the kill and in the continuation; the thinking-off rows' prompts end
+in the empty think block and their whole output is the answer, unflagged (before raygen
+knew thinking off each was missing_think_end, and a 3-of-4 share would have drained the
+replicas and tripped the fleet-wide flag breaker); the report and the export split by
+setting; a resume with another mix is refused before any engine is deployed."""
 
 from __future__ import annotations
 
@@ -19,12 +27,17 @@ import pytest
 from jobs import cli
 from jobs.analysis.finalize import finalize
 from jobs.io.samples import sample_seed
+from jobs.pipeline.sampling_mix import draw
+from jobs.runs.run import RunError
+from serve_apps.engines.simulator import tokenizer as tk
 from tests.integration.helpers import (generate_cmd, generate_main, read, run, run_config,
                                        slowed, store_of, write_prompts)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 PROMPTS, SAMPLES = 40, 4
+MIX = [{"name": "think", "weight": 1, "temperature": 0.6},
+       {"name": "direct", "weight": 3, "temperature": 0.7, "top_p": 0.8, "thinking": False}]
 
 
 def _latest(tree: dict) -> pd.DataFrame:
@@ -54,7 +67,7 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
                       # 16 rows in flight: the samples come back in waves, not all
                       # at once, so the kill after the first durable parts is mid-run
                       job={"samples_per_prompt": SAMPLES, "rows_per_file": 16,
-                           "batch_size": 8, "inflight_rows_per_actor": 16})
+                           "batch_size": 8, "inflight_rows_per_actor": 16, "sampling": MIX})
     store = store_of(tree)
     cmd = generate_cmd(tmp_path / "samples.yaml", tree)
 
@@ -87,6 +100,7 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
     for _, group in data.groupby("key"):
         assert group["seed"].nunique() == SAMPLES
         assert len({tuple(ids) for ids in group["output_token_ids"]}) == SAMPLES
+    _assert_settings(data, salt)
 
     # a rerun has nothing to do; a continuation extends each truncated sample alone
     cut = data[data["finish_reason"] == "length"]
@@ -100,6 +114,8 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
     before = cut.set_index(["key", "sample"])
     for at, row in continued.iterrows():  # its seed kept, its own earlier output extended
         assert row["seed"] == before.loc[at, "seed"]
+        assert row["setting"] == before.loc[at, "setting"]
+        assert row["reasoning"] == "" or row["setting"] == "think"
         assert list(row["output_token_ids"][:len(before.loc[at, "output_token_ids"])]) == \
             list(before.loc[at, "output_token_ids"])
 
@@ -110,6 +126,10 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
                                            filesystem=store.root.fs)
                              for f in manifest["files"]).to_pandas()
     assert not final.duplicated(["key", "sample"]).any()
+    _assert_settings(final, salt)
+    by_setting = store.read_json("report.json")["by_setting"]
+    assert {k: g["rows"] for k, g in by_setting.items()} == latest["setting"].value_counts(
+    ).to_dict()
     assert final.groupby("key").size().eq(SAMPLES).all()
     out = tmp_path / "pretok"
     assert cli.main(["export", str(store.uri), "--config", str(tmp_path / "samples.yaml"),
@@ -123,3 +143,38 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
     for r in records:
         row = latest.loc[(r["id"], r["sample"])]
         assert r["input_ids"] == list(row["prompt_token_ids"]) + list(row["output_token_ids"])
+
+    # the mix: the export keeps one setting's records, naming it; another mix is refused
+    direct = tmp_path / "direct"
+    assert cli.main(["export", str(store.uri), "--config", str(tmp_path / "samples.yaml"),
+                     "--format", "messages", "--out", str(direct), "--include-truncated",
+                     "--setting", "direct", "--extra-columns", "setting"]) == 0
+    kept = [json.loads(line) for f in sorted(direct.glob("part-*.jsonl"))
+            for line in f.read_text().splitlines()]
+    assert len(kept) == (latest["setting"] == "direct").sum()
+    assert all(r["setting"] == "direct" and r["messages"][-1]["reasoning_content"] == ""
+               for r in kept)
+    other = json.loads(json.dumps(tree))
+    other["job"]["sampling"][1]["weight"] = 1
+    with pytest.raises(RunError, match="settings"):
+        run(other)
+
+
+def _assert_settings(rows: pd.DataFrame, salt: bytes) -> None:
+    """Each (key, sample) has the setting it draws; the thinking-off ones were rendered
+    with the empty think block and are all answer, and no row carries a flag."""
+    assert list(rows["setting"]) == [["think", "direct"][draw([1, 3], salt, k, int(s))]
+                                     for k, s in zip(rows["key"], rows["sample"])]
+    assert rows["settings_hash"].nunique() == 1  # the mix as a whole
+    per_prompt = rows.groupby("key")["setting"].nunique()
+    assert (per_prompt > 1).any()  # a prompt's samples draw on their own
+    direct = rows[rows["setting"] == "direct"]
+    assert len(direct) > len(rows) / 2
+    for ids, out, reasoning, answer in zip(direct["prompt_token_ids"],
+                                           direct["output_token_ids"],
+                                           direct["reasoning"], direct["answer"]):
+        assert tk.decode(list(ids)).endswith("<think>\n\n</think>\n\n")
+        assert tk.THINK_END_ID not in list(out) and reasoning == "" and answer
+    assert (direct["reasoning_tokens"] == 0).all() and direct["finished_thinking"].all()
+    assert (rows.loc[rows["setting"] == "think", "reasoning"].str.len() > 0).all()
+    assert not any(len(flags) for flags in rows["integrity_flags"])

@@ -99,7 +99,6 @@ MODULE_BUDGET_S: dict[str, float] = {
     "tests/integration/test_run_index_resume.py": 22,
     "tests/integration/test_s3_throttling.py": 11,  # new: 14 s call alone (the 5 s moto teardown is the session's), x0.80
     "tests/integration/test_samples_per_prompt.py": 22,
-    "tests/integration/test_sampling_mix.py": 17,  # new: 21 s call (two sessions), x0.80
     "tests/integration/test_serve_replica.py": 15,
     "tests/integration/test_stalls.py": 68,
     "tests/integration/test_upgrade.py": 13,
