@@ -13,7 +13,8 @@ The flags (each a row-local test, no state across rows):
 
 - ``empty_answer``: finished by ``stop`` after thinking, with no answer text.
 - ``missing_think_end``: finished by ``stop`` while still thinking (``</think>`` never
-  came: the whole output is reasoning).
+  came: the whole output is reasoning). Never a row of job.sampling.thinking false: its
+  prompt closed the thinking, so its finished_thinking is true (chat_format.no_thinking).
 - ``token_run``: one token id repeated ``TOKEN_RUN`` times in a row.
 - ``ngram_loop``: at least ``LOOP_MIN_TOKENS`` output tokens of which ``LOOP_RATIO`` or
   more repeat an earlier 4-gram (``repetition_ratio``).

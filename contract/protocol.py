@@ -36,7 +36,10 @@ class GenerateRequest:
     run: str                                # metric label
     category: str                           # metric label (capped by the job)
     max_new_tokens: int                     # the budget of this request
-    sampling: dict[str, Any]                # validated SGLang sampling params
+    sampling: dict[str, Any]                # validated SGLang sampling params, + raygen's
+                                            # max_thinking_tokens and thinking (false:
+                                            # render with thinking off), which the
+                                            # client moves out or drops (engine_client)
     context_policy: str = "reject"          # "clamp" (shrink the budget, recorded) | "reject"
     messages: Optional[list[dict[str, Any]]] = None  # the chat prompt ...
     tools: Optional[list[dict[str, Any]]] = None

@@ -261,3 +261,16 @@ def test_a_mix_exports_by_setting_and_thinking_off_rows_as_answers(store, tmp_pa
     assert every["rows"] == 3 and "settings" not in every["filters"]  # unset: not recorded
     assert sorted(r["setting"] for r in read_jsonl(tmp_path / "all")) == [
         "direct", "think", "think"]
+
+
+def test_filters_record_settings_only_when_set_so_older_journals_compare_equal():
+    """An incremental export's journal written before --setting holds filters without
+    the key: the same options today must compare equal (export_journal.check_options)."""
+    before = {"include_truncated": False, "require_finished_thinking": False,
+              "max_repetition_ratio": None, "max_length": None, "categories": [],
+              "keep_flagged": False}
+    assert ex.Filters().as_json() == before
+    assert ex.Filters.of_json(before) == ex.Filters()
+    chosen = ex.Filters(settings=("direct",))
+    assert chosen.as_json()["settings"] == ["direct"]
+    assert ex.Filters.of_json(chosen.as_json()) == chosen
