@@ -283,7 +283,8 @@ def _sent_generate_body(sampling: dict[str, Any]) -> dict[str, Any]:
     SamplingConfig(),
     SamplingConfig(stop=["</answer>"], stop_token_ids=[151645], presence_penalty=0.5,
                    frequency_penalty=0.1, repetition_penalty=1.05, ignore_eos=True),
-], ids=["defaults", "every-key"])
+    SamplingConfig(thinking=False),  # raygen's key: never sent (0.5.23: unknown = a 400)
+], ids=["defaults", "every-key", "thinking-off"])
 def test_generate_body_passes_sglangs_request_contract(sglang, sampling):
     params = dict(sampling.to_sglang(), max_new_tokens=8192)  # as serve_apps/generation.py
     body = _sent_generate_body(params)
