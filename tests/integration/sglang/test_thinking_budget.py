@@ -47,6 +47,7 @@ def _latest(df):
     return df.sort_values("version").groupby("key").tail(1)
 
 
+@pytest.mark.slow  # 16-41 s of call measured on a loaded machine (22 s with 8 rows before)
 def test_sglang_ends_the_thinking_at_the_budget_and_a_thinking_off_row_never_thinks(
         real_config, sglang_pool, tmp_path):
     """One session of a mix: rows under the budget, and rows with thinking off (each
