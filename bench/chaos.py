@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import psutil
 
@@ -58,8 +58,16 @@ def data_plane_workers(root_pid: int, stages: tuple[str, ...] = DATA_PLANE
                        ) -> list[tuple[int, str]]:
     """(pid, process title) of the data plane's Ray workers of the cluster under root_pid
     (those running one of ``stages``)."""
+    return workers_below(cluster_raylets(root_pid), stages)
+
+
+def workers_below(raylets: Iterable[psutil.Process], stages: tuple[str, ...] = DATA_PLANE
+                  ) -> list[tuple[int, str]]:
+    """(pid, process title) of the Ray workers below these raylets running one of
+    ``stages`` (a cluster started by `ray start`, whose raylet no caller descends from,
+    names its raylets itself: bench/soak.py)."""
     out = []
-    for raylet in cluster_raylets(root_pid):
+    for raylet in raylets:
         for proc in raylet.children(recursive=True):
             title = _title(proc)
             if title.startswith("ray::") and any(m in title for m in stages):
@@ -81,15 +89,18 @@ class Killer:
     interval_s: tuple[float, float] = (1.0, 3.0)
     stages: tuple[str, ...] = DATA_PLANE
     killed: list[str] = field(default_factory=list)
+    # the candidates; default: the data-plane workers of the cluster under root_pid
+    find: Optional[Callable[[], list[tuple[int, str]]]] = None
 
     def run(self, proc: subprocess.Popen) -> None:
+        find = self.find or (lambda: data_plane_workers(self.root_pid, self.stages))
         while len(self.killed) < self.budget and proc.poll() is None:
             deadline = time.monotonic() + self.rng.uniform(*self.interval_s)
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.05)
             workers = []
             while not workers and proc.poll() is None:  # until one of the stages runs
-                workers = data_plane_workers(self.root_pid, self.stages)
+                workers = find()
                 time.sleep(0 if workers else 0.1)
             if not workers:
                 break

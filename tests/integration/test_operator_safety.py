@@ -5,7 +5,6 @@ real replica, one job per run (real drivers, SIGKILL takeover), a throttling S3 
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import time
 import pytest
 from ray import serve
 
+from bench.s3_faults import FlakyProxy, ThrottlingS3Proxy
 from contract.outcomes import route
 from contract.protocol import GenerateRequest
 from jobs import generate
@@ -23,7 +23,6 @@ from jobs.analysis.status import holder_line
 from tests.integration.helpers import (CLEAR_FAULTS, deploy, engine_urls, read, run, run_config,
                                        run_with_faults, set_faults, slowed, store_of,
                                        write_prompts, write_yaml)
-from tests.support.s3_throttle import ThrottlingS3Proxy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -149,68 +148,6 @@ def test_one_job_per_run_and_takeover_after_sigkill(ray_cluster, s3_endpoint, tm
     assert "is gone" in third
     _assert_exactly_once(tree, 240)
     assert store.read_json("lease.json") is None
-
-
-class FlakyProxy:
-    """A TCP proxy in front of the S3 server that can refuse service for a while:
-    during an outage it resets new connections and cuts the open ones."""
-
-    def __init__(self, upstream_port: int):
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.down = threading.Event()
-        self.open: set[socket.socket] = set()
-        self.lock = threading.Lock()
-        self.refused = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.down.is_set():
-                self.refused += 1
-                _reset(client)
-                continue
-            try:
-                upstream = socket.create_connection(self.upstream)
-            except OSError:
-                _reset(client)
-                continue
-            with self.lock:
-                self.open |= {client, upstream}
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src, dst):
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def outage(self):
-        self.down.set()
-        with self.lock:
-            for s in self.open:
-                _reset(s)
-            self.open.clear()
-
-    def restore(self):
-        self.down.clear()
-
-    def close(self):
-        self.listener.close()
-
-
-def _reset(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-        sock.close()
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """A throttling S3 does not end a run: the moto server behind a proxy answering a share
 of requests as S3 does under load (503 SlowDown, 500 InternalError, S3's XML error
-bodies; tests/support/s3_throttle.py). Before jobs/io/s3_retry.py, a small ranged read
+bodies; bench/s3_faults.py). Before jobs/io/s3_retry.py, a small ranged read
 answered with such a body ended the session (`AWS Error INTERNAL_FAILURE ... Failed to
 flush response stream`, not retried by the SDK nor by Ray Data). A whole run behind it,
 with a 30 s outage, is test_operator_safety.py's."""
@@ -10,12 +10,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from bench.s3_faults import ThrottlingS3Proxy
 from jobs.config import StorageConfig
 from jobs.io import s3_retry
 from jobs.io.run_store import RunStore
 from jobs.io.schema import REJECTS
 from tests.integration.helpers import BUCKET
-from tests.support.s3_throttle import ThrottlingS3Proxy
 
 pytestmark = pytest.mark.integration
 

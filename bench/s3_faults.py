@@ -1,6 +1,14 @@
-"""An HTTP proxy in front of the test S3 server that answers a share of requests as a
-throttled S3 does: 503 SlowDown or 500 InternalError with S3's XML error body (AWS's
-error-response format), every request optionally delayed.
+"""S3 as it fails, between a run and the local S3 server (moto): two proxies.
+
+- ``ThrottlingS3Proxy`` (HTTP) answers a share of requests as a throttled S3 does: 503
+  SlowDown or 500 InternalError with S3's XML error body (AWS's error-response format),
+  every request optionally delayed.
+- ``FlakyProxy`` (TCP) can refuse service for a while: an outage resets new connections
+  and cuts the open ones.
+
+Chained (the run -> FlakyProxy -> ThrottlingS3Proxy -> moto) they give a store that
+throttles and goes away. Used by ``python -m bench.soak`` and by the integration trials
+(tests/integration/test_s3_throttling.py, test_operator_safety.py).
 
 Real S3 throttles a prefix under load and answers 500 now and then by design; clients
 are told to retry. The body matters: the AWS C++ SDK (pyarrow's S3 client) writes an
@@ -11,8 +19,10 @@ the error is sent with its full body, as S3 sends it, not as a bare status.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import random
+import socket
 import threading
 import time
 import uuid
@@ -126,3 +136,68 @@ class ThrottlingS3Proxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class FlakyProxy:
+    """A TCP proxy in front of the S3 server that can refuse service for a while:
+    during an outage it resets new connections and cuts the open ones."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.down = threading.Event()
+        self.open: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        self.refused = 0
+        threading.Thread(target=self._accept, daemon=True, name="s3-flaky").start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down.is_set():
+                self.refused += 1
+                _reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                _reset(client)
+                continue
+            with self.lock:
+                self.open |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst):
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        with self.lock:
+            self.open.discard(src)
+
+    def outage(self):
+        self.down.set()
+        with self.lock:
+            for s in self.open:
+                _reset(s)
+            self.open.clear()
+
+    def restore(self):
+        self.down.clear()
+
+    def close(self):
+        self.listener.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()
