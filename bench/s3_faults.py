@@ -118,7 +118,10 @@ class ThrottlingS3Proxy:
                 self.local.conn = None
                 if attempt:
                     raise
-        handler.send_response(answer.status, answer.reason)
+        # the store's own Date and Server, not a second pair of the proxy's (send_response
+        # adds them): two Date headers arrive joined, and read naive (jobs/io/lease_store.py)
+        handler.log_request(answer.status)
+        handler.send_response_only(answer.status, answer.reason)
         head = handler.command == "HEAD"  # its Content-Length is the object's size
         for key, value in answer.getheaders():
             if key.lower() not in HOP_BY_HOP and (head or key.lower() != "content-length"):

@@ -416,15 +416,27 @@ class Soak:
         other than the one waiting on it reads None)."""
         return self.driver is not None and self.driver.returncode is not None
 
-    def rows_flowing(self, after: float = 0.0, timeout_s: float = 600) -> bool:
+    def rows_flowing(self, after: float = 0.0, timeout_s: float = 600) -> str:
         """Wait until a driver started after ``after`` has made rows durable (after a
-        rerun: its resume is under way), or the run is over."""
+        rerun: its resume is under way): "flowing"; "over" if the soak's driving ended
+        first, "" if neither came within timeout_s."""
         def flowing():
-            if self.done.is_set() or self.driver is None or self.driver_started < after:
-                return self.done.is_set()
+            if self.done.is_set():
+                return "over"
+            if self.driver is None or self.driver_started < after:
+                return ""
             since = [s.completed for s in self.samples if s.t >= self.driver_started + 1]
-            return len(since) >= 2 and since[-1] > since[0]
-        return bool(wait_for(flowing, timeout_s, 1.0))
+            return "flowing" if len(since) >= 2 and since[-1] > since[0] else ""
+        return wait_for(flowing, timeout_s, 1.0)
+
+    def _resumed(self, t0: float) -> str:
+        state = self.rows_flowing(after=t0)
+        last = self.attempts[-1] if self.attempts else {}
+        if state == "flowing":
+            return f"rerun resumed, rows durable again after {time.time() - t0:.0f} s"
+        if state == "over" and last.get("exit_code") == 0:
+            return "rerun finished the run"
+        return f"the rerun made no rows ({len(self.attempts)} attempts so far)"
 
     def faults_loop(self, faults: list[Fault]) -> None:
         wait_for(lambda: self.first_rows_at or self.done.is_set(), 1800, 1.0)
@@ -434,8 +446,10 @@ class Soak:
             due = self.first_rows_at + fault.at_s
             while time.time() < due and not self.done.is_set():
                 time.sleep(0.5)
-            if self.done.is_set() or not self.rows_flowing():
-                fault.outcome = "not injected: the run was over"
+            state = self.rows_flowing()
+            if state != "flowing":
+                fault.outcome = "not injected: " + ("the run was over" if state == "over"
+                                                    else "no rows flowing for 600 s")
                 continue
             print(f"[soak] {time.time() - self.first_rows_at:7.1f} s: {fault.name}", flush=True)
             fault.started = time.time()
@@ -529,9 +543,7 @@ class Soak:
             driver = self.driver
         t0 = time.time()
         driver.send_signal(signal.SIGKILL)
-        ok = self.rows_flowing(after=t0)
-        return (f"driver {driver.pid} killed; rerun resumed, rows durable again after "
-                f"{time.time() - t0:.0f} s" if ok else "rerun made no rows")
+        return f"driver {driver.pid} killed; " + self._resumed(t0)
 
     def inject_head_restart(self) -> str:
         with self.lock:
@@ -539,19 +551,18 @@ class Soak:
             self.end_cause = "head_restart"
             driver = self.driver
         t0 = time.time()
-        self.cluster.stop()
-        hung = not wait_for(lambda: driver.returncode is not None, 120)
-        if hung:
-            driver.send_signal(signal.SIGKILL)
-            wait_for(lambda: driver.returncode is not None, 30)
-        self.cluster.start()
+        try:
+            self.cluster.stop()
+            hung = not wait_for(lambda: driver.returncode is not None, 120)
+            if hung:
+                driver.send_signal(signal.SIGKILL)
+                wait_for(lambda: driver.returncode is not None, 30)
+            self.cluster.start()
+        finally:  # a head that does not come back: the reruns fail and are counted
+            self.may_start.set()
         up = time.time() - t0
-        self.may_start.set()
-        ok = self.rows_flowing(after=t0)
-        return (f"head down and up again in {up:.0f} s" + ("; driver hung, killed" if hung else
-                                                             "; driver ended")
-                + (f"; rerun resumed, rows durable again after {time.time() - t0:.0f} s"
-                   if ok else "; rerun made no rows"))
+        return (f"head down and up again in {up:.0f} s; driver "
+                + ("hung, killed after 120 s" if hung else "ended") + "; " + self._resumed(t0))
 
 
 class _Polled:
@@ -575,7 +586,7 @@ def end_checks(store, keys: Sequence[str]) -> dict[str, Any]:
 
     from jobs.io.run_index import latest_rows
     seen: collections.Counter = collections.Counter()
-    frames, unreadable, accounted = [], [], set()
+    frames, unreadable, rejected, failed = [], [], set(), set()
     for kind in ("data", "rejects", "failures"):
         columns = {"data": ["key", "version", "integrity_flags"], "rejects": None,
                    "failures": ["key"]}[kind]
@@ -588,7 +599,8 @@ def end_checks(store, keys: Sequence[str]) -> dict[str, Any]:
             if kind == "data":
                 frames.append(table.to_pandas())
             elif "key" in table.column_names:
-                accounted.update(k for k in table.column("key").to_pylist() if k)
+                (rejected if kind == "rejects" else failed).update(
+                    k for k in table.column("key").to_pylist() if k)
     data = pd.concat(frames) if frames else pd.DataFrame(columns=["key", "version",
                                                                    "integrity_flags"])
     seen.update(zip(data["key"], data["version"]))
@@ -598,8 +610,10 @@ def end_checks(store, keys: Sequence[str]) -> dict[str, Any]:
     return {
         "keys": len(expected), "rows": len(data), "latest_rows": len(latest),
         "versions_above_0": int((latest["version"] > 0).sum()),
-        "lost": sorted(expected - done - accounted),
-        "not_generated": sorted((expected - done) & accounted),  # rejected or failed
+        # no row: open failures among them (a fault's rows that failed for good)
+        "lost": sorted(expected - done - rejected),
+        "open_failures": sorted((expected - done) & failed),
+        "not_generated": sorted((expected - done) & rejected),  # rejected (context, invalid)
         "unexpected": sorted(done - expected),
         "duplicated": sorted(f"{k}#{v}" for (k, v), n in seen.items() if n > 1),
         "flagged_latest": sorted(flagged["key"]),
@@ -650,8 +664,9 @@ def checks_of(report: dict[str, Any], left_running: list[int], left_after: list[
          and report["latest_rows"] + len(report["not_generated"]) == report["keys"],
          f"{report['keys']} keys, {report['latest_rows']} latest rows, {report['rows']} rows, "
          f"{len(report['lost'])} lost, {len(report['duplicated'])} duplicated, "
-         f"{len(report['unexpected'])} unexpected, {len(report['not_generated'])} rejected "
-         f"or failed, {report['versions_above_0']} latest at version > 0"),
+         f"{len(report['unexpected'])} unexpected, {len(report['not_generated'])} rejected, "
+         f"{len(report['open_failures'])} open failures (of the lost), "
+         f"{report['versions_above_0']} latest at version > 0"),
         ("no flagged latest row", not report["flagged_latest"],
          f"{len(report['flagged_latest'])} {report['flagged_latest'][:5]}"),
         ("no unreadable part", not report["unreadable"],

@@ -16,6 +16,7 @@ jobs/runs/lease.py; readers such as jobs.analysis.status only need ``read_holder
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -128,7 +129,17 @@ def _store_age(obj: dict) -> Optional[float]:
     modified = obj.get("LastModified")
     if not date or modified is None:
         return None
-    return (parsedate_to_datetime(date) - modified).total_seconds()
+    try:
+        sent = parsedate_to_datetime(date)
+    except (TypeError, ValueError):  # a Date the store's answer garbled: it does not say
+        return None
+    # HTTP dates are GMT. One reads naive when it says "-0000", or when a proxy on the way
+    # added its own Date and the two arrive joined ("..., 07:49:20 GMT, ... GMT"): the
+    # first is read, as UTC. Naive against botocore's aware LastModified raised TypeError
+    # in the lease's first read, and no resume could start behind such a proxy.
+    sent, modified = (t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+                      for t in (sent, modified))
+    return (sent - modified).total_seconds()
 
 
 class _LocalLease:

@@ -119,6 +119,7 @@ def test_the_soak_runs_the_demo_config_with_its_own_input_output_app_and_endpoin
 
 def test_the_checks_fail_on_each_thing_a_sound_soak_has_none_of():
     report = {"keys": 3, "rows": 4, "latest_rows": 3, "versions_above_0": 1, "lost": [],
+              "open_failures": [],
               "not_generated": [], "unexpected": [], "duplicated": [], "flagged_latest": [],
               "unreadable": [], "quarantined": 0}
     fault = Fault("engine_kill", 0, started=1.0)

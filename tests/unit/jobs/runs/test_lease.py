@@ -237,3 +237,25 @@ def test_a_fresh_lease_of_another_host_is_never_judged_by_pid(store):
                                           host="other-node", pid=2 ** 22 + 7)))
     with pytest.raises(LeaseHeld, match="other-node"):
         RunLease(store, timeout_s=600).acquire()
+
+
+def test_the_stores_age_of_a_lease_reads_any_http_date_or_says_nothing():
+    # An S3 answer's Date against its LastModified (botocore: aware, UTC). A proxy that
+    # adds its own Date joins the two headers, and "-0000" reads naive too: before, the
+    # naive date raised TypeError in the lease's first read and no resume could start
+    # behind such a proxy (bench/soak.py's driver kill, through bench/s3_faults.py).
+    from datetime import datetime, timezone
+
+    from jobs.io.lease_store import _store_age
+    modified = datetime(2026, 12, 7, 7, 49, 0, tzinfo=timezone.utc)
+
+    def age(date):
+        return _store_age({"ResponseMetadata": {"HTTPHeaders": {"date": date}},
+                           "LastModified": modified})
+    assert age("Mon, 07 Dec 2026 07:49:20 GMT") == 20
+    assert age("Mon, 07 Dec 2026 07:49:20 -0000") == 20
+    assert age("Mon, 07 Dec 2026 07:49:20 GMT, Mon, 07 Dec 2026 07:49:21 GMT") == 20
+    assert age("Mon, 07 Dec 2026 08:49:20 +0100") == 20
+    assert age("not a date") is None
+    assert age(None) is None
+    assert _store_age({"ResponseMetadata": {"HTTPHeaders": {"date": "x"}}}) is None
