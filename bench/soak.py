@@ -10,7 +10,8 @@ cluster on the machine), uploads the demo prompts (jobs/demo_prompts.py), and ru
 ``python -m jobs.generate`` on jobs/configs/demo-sim.yaml (its output, app and S3
 endpoint the soak's own) through two S3 proxies (bench/s3_faults.py: the run ->
 outage -> throttling -> moto). Once rows are durable, the faults of ``--faults`` are
-injected one after the other, ``--spacing`` seconds apart (each waits for rows to flow):
+injected one after the other, ``--first`` s after the first durable rows and ``--spacing``
+s apart, each no sooner than ``--settle-s`` after the last was over and once rows flow:
 
 ==============  ==================================================================
 worker_kills    ``kill -9`` of ``--kills`` Ray Data workers of the data plane (bench.chaos)
@@ -442,8 +443,11 @@ class Soak:
         wait_for(lambda: self.first_rows_at or self.done.is_set(), 1800, 1.0)
         if self.first_rows_at is None:
             return
+        last_end = 0.0
         for fault in faults:
-            due = self.first_rows_at + fault.at_s
+            # its planned time, and never before the last fault has been over --settle-s:
+            # a window and its baseline each see one fault
+            due = max(self.first_rows_at + fault.at_s, last_end + self.args.settle_s)
             while time.time() < due and not self.done.is_set():
                 time.sleep(0.5)
             state = self.rows_flowing()
@@ -457,7 +461,7 @@ class Soak:
                 fault.outcome = getattr(self, f"inject_{fault.name}")()
             except Exception as exc:  # noqa: BLE001 - reported as the fault's outcome
                 fault.outcome = f"injection failed: {type(exc).__name__}: {exc}"
-            fault.ended = time.time()
+            fault.ended = last_end = time.time()
             print(f"[soak] {fault.name}: {fault.outcome}", flush=True)
 
     # the faults: each returns its outcome
@@ -708,11 +712,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=20000)
     p.add_argument("--faults", default=",".join(FAULTS),
                    help=f"comma-separated, in order (default: {','.join(FAULTS)})")
-    p.add_argument("--first", type=float, default=90, help="s after the first durable rows")
+    p.add_argument("--first", type=float, default=60, help="s after the first durable rows")
     p.add_argument("--spacing", type=float, default=120, help="s between faults")
+    p.add_argument("--settle-s", type=float, default=60,
+                   help="a fault starts no sooner than this after the last one was over")
     p.add_argument("--baseline-s", type=float, default=60,
                    help="the window before a fault its costs are measured against")
-    p.add_argument("--time-scale", type=float, default=0.1,
+    p.add_argument("--time-scale", type=float, default=0.4,
                    help="the simulator's wall s per simulated s (demo-sim.yaml: 0.05)")
     p.add_argument("--kills", type=int, default=4, help="Ray workers killed by worker_kills")
     p.add_argument("--stop-s", type=float, default=180, help="SIGCONT after this, if not replaced")
