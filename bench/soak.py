@@ -167,15 +167,20 @@ def window_cost(samples: Sequence[Sample], start: float, end: float,
             "idle_engine_s": idle, "idle_cost_engine_s": idle - idle_rate * (end - start)}
 
 
-def windows(faults: Sequence[Fault], spacing_s: float, run_end: float
+def windows(faults: Sequence[Fault], spacing_s: float, settle_s: float, run_end: float
             ) -> list[tuple[Fault, float, float]]:
-    """Each injected fault's window: its start to the next injected fault's start; the
-    last one ``spacing_s`` long or to the run's end, whichever comes first."""
+    """Each injected fault's window: its start to the next injected fault's start (which
+    is at least ``settle_s`` after it was over); the last one as long as ``spacing_s`` or
+    until ``settle_s`` after it was over (a rerun's resume: its recovery is its cost),
+    whichever is longer, and never past the run's end."""
     done = [f for f in faults if f.started is not None]
     out = []
     for i, fault in enumerate(done):
-        end = done[i + 1].started if i + 1 < len(done) else min(fault.started + spacing_s,
-                                                                 run_end)
+        if i + 1 < len(done):
+            end = done[i + 1].started
+        else:
+            over = fault.ended if fault.ended is not None else fault.started
+            end = min(max(fault.started + spacing_s, over + settle_s), run_end)
         out.append((fault, fault.started, max(end, fault.started + 1e-3)))
     return out
 
@@ -463,6 +468,16 @@ class Soak:
                 fault.outcome = f"injection failed: {type(exc).__name__}: {exc}"
             fault.ended = last_end = time.time()
             print(f"[soak] {fault.name}: {fault.outcome}", flush=True)
+            self.save(faults)
+
+    def save(self, faults: Sequence[Fault]) -> None:
+        """What the soak has so far, in <work-dir>/<run>.partial.json (the end writes the
+        whole of it beside)."""
+        path = Path(self.args.work_dir) / f"{self.cfg_path.stem}.partial.json"
+        path.write_text(json.dumps({"faults": [asdict(f) for f in faults],
+                                    "attempts": self.attempts,
+                                    "samples": [asdict(s) for s in self.samples]},
+                                   default=str))
 
     # the faults: each returns its outcome
     def _an_engine(self) -> tuple[int, int]:
@@ -569,6 +584,10 @@ class Soak:
                 + ("hung, killed after 120 s" if hung else "ended") + "; " + self._resumed(t0))
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt  # SIGTERM: as Ctrl-C, the checks and the table still come
+
+
 class _Polled:
     """What bench.chaos.Killer polls: ended() as a Popen's poll()."""
 
@@ -657,12 +676,14 @@ def table(faults: Sequence[Fault], t0: float, args: argparse.Namespace) -> str:
 
 
 def checks_of(report: dict[str, Any], left_running: list[int], left_after: list[int],
-              faults: Sequence[Fault], attempts: Sequence[dict], succeeded: bool
-              ) -> list[tuple[str, bool, str]]:
+              faults: Sequence[Fault], attempts: Sequence[dict], succeeded: bool,
+              interrupted: bool = False) -> list[tuple[str, bool, str]]:
     unplanned = [a for a in attempts if a["ended_by"] == "unplanned"]
     not_injected = [f.name for f in faults if f.started is None]
     return [
-        ("the command exited 0", succeeded, f"{len(attempts)} driver attempts"),
+        ("the command exited 0", succeeded,
+         f"{len(attempts)} driver attempts" + ("; the soak was interrupted" if interrupted
+                                               else "")),
         ("every key exactly once at its latest version",
          not (report["lost"] or report["unexpected"] or report["duplicated"])
          and report["latest_rows"] + len(report["not_generated"]) == report["keys"],
@@ -762,7 +783,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     port = free_port()
     s3 = start_s3(port, log_dir=work)
     throttle = flaky = cluster = soak = None
-    succeeded, report = False, None
+    succeeded, report, interrupted = False, None, False
     left_running: list[int] = []
     left_after: list[int] = []
     try:
@@ -793,7 +814,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         cluster.start()
         sampler.start()
         injector.start()
-        succeeded = soak.drive(args.max_attempts)
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            succeeded = soak.drive(args.max_attempts)
+        except KeyboardInterrupt:  # the soak stopped early: what the run holds is checked
+            interrupted = True
+            print("[soak] interrupted: driver stopped; checking what the run holds", flush=True)
+            if soak.driver is not None and soak.driver.returncode is None:
+                soak.driver.kill()
+                soak.driver.wait(timeout=60)
         run_end = time.time()
         soak.done.set()
         injector.join(timeout=600)
@@ -823,9 +852,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         if s3 is not None:
             s3.terminate()
     t0 = soak.first_rows_at or t_start
-    for fault, start, end in windows(faults, args.spacing, run_end):
+    for fault, start, end in windows(faults, args.spacing, args.settle_s, run_end):
         fault.cost = window_cost(soak.samples, start, end, args.baseline_s)
-    checks = checks_of(report, left_running, left_after, faults, soak.attempts, succeeded)
+    checks = checks_of(report, left_running, left_after, faults, soak.attempts, succeeded,
+                       interrupted)
     rate = (soak.completed() / (run_end - t0)) if run_end > t0 else 0
     lines = [f"`python -m bench.soak {' '.join(argv if argv is not None else sys.argv[1:])}`",
              "",

@@ -74,9 +74,14 @@ def test_the_baseline_is_cut_at_the_first_sample_and_no_rows_before_gives_no_cos
 def test_windows_run_to_the_next_injected_fault_and_the_last_is_capped():
     a, b, c = Fault("engine_kill", 0), Fault("s3_outage", 100), Fault("driver_kill", 200)
     a.started, c.started = 1000.0, 1150.0  # b was never injected
-    assert [(f.name, s, e) for f, s, e in windows([a, b, c], spacing_s=120, run_end=1200)] == [
+    assert [(f.name, s, e) for f, s, e in windows([a, b, c], spacing_s=120, settle_s=60,
+                                                  run_end=1200)] == [
         ("engine_kill", 1000.0, 1150.0), ("driver_kill", 1150.0, 1200.0)]
-    assert windows([a], spacing_s=120, run_end=5000)[0][2] == 1120.0
+    # the last: spacing long, or until settle_s after it was over (a slow resume's cost)
+    assert windows([a], spacing_s=120, settle_s=60, run_end=5000)[0][2] == 1120.0
+    a.ended = 1200.0
+    assert windows([a], spacing_s=120, settle_s=60, run_end=5000)[0][2] == 1260.0
+    assert windows([a], spacing_s=120, settle_s=60, run_end=1230)[0][2] == 1230.0
 
 
 def test_idle_counts_each_engines_counter_and_every_empty_slot_whole():
