@@ -14,7 +14,8 @@ sync). The other fields stay on the wire: ``key`` (the job's own row key), ``tex
 a row's ``settings_hash`` and ``model`` are what produced it) and ``drained`` (a drained
 replica's condemned rows, which the job records: jobs/runs/regenerate.py) and
 ``assistant_spans`` (where the prompt's assistant turns lie in its ids: the job stores
-them with its turns, jobs/pipeline/turns.py).
+them with its turns, jobs/pipeline/turns.py) and ``load`` (the engine's load as the
+replica saw it: the job's rows in flight follow it, jobs/pipeline/inflight.py).
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ class GenerateResult:
                                   # the keys of this run it condemns (serve_apps/output_watch.py)
     assistant_spans: Optional[list[list[int]]] = None  # asked for: [start, end) in
                                   # prompt_token_ids of each assistant message of the prompt
+    load: Optional[dict[str, Any]] = None  # the answering engine's load when it answered:
+                                  # replica, cap, inflight, running, queued, token_usage,
+                                  # retracted (counter), age_s (serve_apps/engine_load.py);
+                                  # the job's adaptive rows in flight follow it
 
     __reduce__ = _by_position
 

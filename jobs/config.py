@@ -188,9 +188,16 @@ class JobConfig(StrictModel):
         "memory whole).")
     min_actors: int = Field(1, ge=1, description="Generation actors (async, autoscaled).")
     max_actors: int = Field(2, ge=1)
+    inflight: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="adaptive: each actor's rows in flight follow the engines' "
+        "load, reported with every result (running, queued, token usage, retractions): "
+        "grown while they have room and a short queue, cut when an engine retracts or its "
+        "KV pool is near full with rows waiting, within [1, inflight_rows_per_actor] "
+        "(jobs/pipeline/inflight.py). fixed: always inflight_rows_per_actor.")
     inflight_rows_per_actor: int = Field(
-        128, ge=1, description="Requests each actor keeps in flight; total should exceed "
-        "replicas x engine.max_running_requests so every engine stays saturated.")
+        128, ge=1, description="Requests each actor keeps in flight (job.inflight fixed), or "
+        "the most it may keep (adaptive); total should exceed replicas x "
+        "engine.max_running_requests so every engine can be saturated.")
     rows_per_call: int = Field(
         16, ge=1, description="Most rows one Serve call carries (rows ready together share a "
         "call; each still holds its own in-flight slot). Serve counts a call as one ongoing "

@@ -7,7 +7,8 @@ one, ``ProcessBackend``, runs it as a guarded child process (engine_process.py,
 engine_guard.py) and blocks until /health, bounded by ``start_timeout_s``.
 
 The replica answers Serve's ``check_health`` from the engine (a dead engine raises, so
-Serve replaces the replica; so does a drained one: output_watch.py, canary.py), relays the engine's gauges to Ray metrics, and stops the
+Serve replaces the replica; so does a drained one: output_watch.py, canary.py), relays the engine's gauges to Ray metrics, sends its engine's load with every result
+(engine_load.py: the job's adaptive rows in flight follow it), and stops the
 engine on shutdown. Requests: ``generate`` takes one prompt; ``generate_many`` takes a
 few and streams each result back as it finishes (one handle call per chunk costs far
 less control-plane CPU than one per row). ``EngineDeployment`` is the Serve wrapper:
@@ -35,6 +36,7 @@ from serve_apps.chat_format import (assistant_spans, model_template_renderer,
                                     probed_assistant_spans, render_prompt)
 from serve_apps.engine_client import EngineClient, effective_running_cap
 from serve_apps.engine_clock import EngineClock
+from serve_apps.engine_load import LoadProbe
 from serve_apps.engine_process import start_engine
 from serve_apps.engines import launch_command, launch_env
 from serve_apps.generation import Generator
@@ -122,7 +124,8 @@ class EngineReplica:
         started_at = time.time()
         self.engine = backend(cfg, f"engine[{self.replica_id}]")
         try:  # before serving a row: the job planned from the config (engine_resolution.py)
-            engine_resolution.check(cfg, self.engine.server_info())
+            server_info = self.engine.server_info()
+            engine_resolution.check(cfg, server_info)
         except BaseException:
             self.engine.stop()
             raise
@@ -144,6 +147,10 @@ class EngineReplica:
         self.canary_board = canary_board() if canary_board else None  # None: no canary
         self.canary_digest: Optional[str] = None  # of its latest canary round
         self._inflight = 0
+        # Sent with every result: the job's adaptive in-flight control reads it.
+        self.load = LoadProbe(self.client.metrics_text,
+                              effective_running_cap(server_info) or cfg.max_running_requests,
+                              self.replica_id)
         self._inflight_keys: collections.Counter = collections.Counter()  # (run, key)
         self._last_result_at: Optional[float] = None  # wall time of the last finished row
         self._relay_task: asyncio.Task | None = None
@@ -253,6 +260,7 @@ class EngineReplica:
             self._last_result_at = time.time()
         result.request_id = request.request_id
         result.engine_config_hash = self.config_hash
+        result.load = self.load.snapshot(self._inflight)
         return result
 
     async def generate_many(self, requests: list[GenerateRequest]

@@ -11,9 +11,11 @@ failures). What differs by mode (the columns, the request, the row, the failure 
 the breaker's flags verdict) is the mode's strategy's (jobs/pipeline/modes.py), asked
 through ``StageSettings.strategy``; this stage only sends, retries and judges.
 
-Each actor keeps ``inflight_rows_per_actor`` requests in flight across all its
-concurrent batches (row-level slots, ``jobs.pipeline.row_sender``), so when one row finishes the
-next one starts at once: a slow 8K-token row holds one slot, not its whole batch. Rows
+Each actor keeps rows in flight across all its concurrent batches (row-level slots,
+``jobs.pipeline.row_sender``), so when one row finishes the next one starts at once: a
+slow 8K-token row holds one slot, not its whole batch. How many: with job.inflight
+adaptive (the default) as many as the engines' reported load allows
+(jobs/pipeline/inflight.py), at most ``inflight_rows_per_actor``; fixed, exactly that. Rows
 ready together share one handle call (``job.rows_per_call``). A failed row is routed by
 its error class (contract.outcomes): retried with backoff, or a failure row; the
 breaker stops the job when the fleet is down or the run is misconfigured. A result
@@ -32,6 +34,7 @@ from ray import serve
 from contract.outcomes import ENGINE, ROW, route
 from contract.protocol import GenerateRequest
 from jobs.pipeline.category_cap import CategoryCap
+from jobs.pipeline.inflight import InflightControl
 from jobs.pipeline.integrity_metrics import IntegrityCounters
 from jobs.pipeline.retry import (REPLICA_ERRORS, Breaker, ForeignEngine, backoff_s,
                                  error_text, is_replica_bug, replica_error_class)
@@ -65,8 +68,10 @@ class GenerateRows:
         self.stage, self.run_store = stage, run_store  # run_store: where drains are recorded
         self.recorded: set[str] = set()  # replicas whose drain this actor has recorded
         handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
+        control = (InflightControl(1, stage.inflight_rows_per_actor)
+                   if stage.inflight == "adaptive" else None)
         self.sender = RowSender(handle, stage.inflight_rows_per_actor, stage.rows_per_call,
-                                stage.call_linger_s, stage.call_timeout_s)
+                                stage.call_linger_s, stage.call_timeout_s, control)
         self.retries = stage.retries
         self.breaker = stage_breaker(stage)
         self.category_label = CategoryCap(stage.metrics_category_limit)

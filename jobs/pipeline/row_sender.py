@@ -13,6 +13,11 @@ linger lets a few gather instead of paying a call per row. It delays a refill by
 most ``linger_s``, which the engines' queued requests cover (rows run for seconds on
 the simulator, minutes on GPUs).
 
+How many slots there are: ``inflight_rows``, fixed (job.inflight: fixed), or, with an
+InflightControl (job.inflight: adaptive), its ``limit``, which moves with the engines'
+load reported on each result (jobs/pipeline/inflight.py); a lowered limit takes no row
+back, it only holds the next ones until enough rows finished.
+
 ``send(request, alone=True)`` gives a row a call of its own: after replica code raised
 on a shared call, each of its rows is sent alone so only the poison row fails.
 
@@ -31,6 +36,7 @@ from collections import deque
 from typing import Any, Optional
 
 from contract.protocol import GenerateRequest, GenerateResult
+from jobs.pipeline.inflight import InflightControl
 from jobs.pipeline.retry import CallIncomplete, CallTimedOut
 
 logger = logging.getLogger(__name__)
@@ -38,13 +44,17 @@ logger = logging.getLogger(__name__)
 
 class RowSender:
     def __init__(self, handle: Any, inflight_rows: int, rows_per_call: int,
-                 linger_s: float = 0.2, call_timeout_s: Optional[float] = None):
+                 linger_s: float = 0.2, call_timeout_s: Optional[float] = None,
+                 control: Optional[InflightControl] = None):
         self.stream = handle.options(stream=True)
         self.rows_per_call = rows_per_call
         self.linger_s = linger_s
         self.call_timeout_s = call_timeout_s
+        self.control = control  # None: a fixed inflight_rows (job.inflight: fixed)
         self._sent = 0  # request ids: unique per send of this sender
-        self._free = inflight_rows  # in-flight slots; only the dispatcher takes them
+        self._fixed = inflight_rows
+        self._busy = 0  # slots taken; only the dispatcher takes them
+        self.peak_busy = 0
         self._queue: deque[tuple[GenerateRequest, asyncio.Future, bool]] = deque()
         self._changed: Optional[asyncio.Event] = None  # a row queued or a slot freed
         self._dispatcher: Optional[asyncio.Task] = None
@@ -80,8 +90,32 @@ class RowSender:
                 if not future.done():
                     future.set_exception(exc)
 
-    def _release(self) -> None:
-        self._free += 1
+    @property
+    def limit(self) -> int:
+        """The rows this sender keeps in flight now."""
+        return self.control.limit if self.control is not None else self._fixed
+
+    @property
+    def _free(self) -> int:
+        return self.limit - self._busy
+
+    def _chunk_rows(self) -> int:
+        """Most rows the next call takes: rows_per_call; adaptive, also at most a half of
+        each engine's share of the limit, so every engine has calls enough for Serve's
+        routing (by ongoing calls, not rows) to see its load."""
+        if self.control is None:
+            return self.rows_per_call
+        engines = max(1, len(self.control.engines))
+        return max(1, min(self.rows_per_call, self.limit // (2 * engines)))
+
+    def _take(self) -> None:
+        self._busy += 1
+        self.peak_busy = max(self.peak_busy, self._busy)
+
+    def _release(self, load: Optional[dict] = None) -> None:
+        self._busy -= 1
+        if self.control is not None and load is not None:
+            self.control.observe(load)
         self._changed.set()
 
     async def _wait_change(self, deadline: Optional[float]) -> bool:
@@ -99,15 +133,15 @@ class RowSender:
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while not (self._queue and self._free):  # the first row needs a row and a slot
+            while not (self._queue and self._free > 0):  # the first row needs a row and a slot
                 await self._wait_change(None)
-            chunk, deadline = [], loop.time() + self.linger_s
+            chunk, deadline, most = [], loop.time() + self.linger_s, self._chunk_rows()
             try:
-                while len(chunk) < self.rows_per_call:
+                while len(chunk) < most:
                     if chunk and (chunk[0][2] or (self._queue and self._queue[0][2])):
                         break  # a row sent alone shares its call with no other
-                    if self._queue and self._free:
-                        self._free -= 1
+                    if self._queue and self._free > 0:
+                        self._take()
                         chunk.append(self._queue.popleft())
                     elif not await self._wait_change(deadline):
                         break
@@ -145,7 +179,7 @@ class RowSender:
                     (r for r, (key, _) in waiting.items() if key == result.key), None)
                 _, future = waiting.pop(rid, (None, None))
                 if future is not None:
-                    self._release()
+                    self._release(getattr(result, "load", None))
                     if not future.done():
                         future.set_result(result)
             if waiting:

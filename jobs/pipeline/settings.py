@@ -139,6 +139,7 @@ class StageSettings:
     every_turn: bool = False      # job.regenerate every_turn: rows carry turns (jobs/pipeline/turns.py)
     settings: tuple[Setting, ...] = ()  # job.sampling's (jobs/pipeline/sampling_mix.py);
                                   # () = the one of ``sampling`` (a hand-built stage)
+    inflight: str = "adaptive"    # job.inflight: rows in flight follow the engines' load, or fixed
 
     @property
     def strategy(self) -> Strategy:
@@ -204,4 +205,4 @@ class StageSettings:
                                              output_settings=output_settings(
                                                  cfg.engine, job.context_policy))
             if job.samples_per_prompt > 1 else "",
-            every_turn=job.regenerate == "every_turn")
+            every_turn=job.regenerate == "every_turn", inflight=job.inflight)

@@ -29,10 +29,10 @@ def test_data_schema_has_every_result_column_with_its_declared_type_in_order():
     assert all(f.type == ARROW_TYPES[RESULT_COLUMNS[f.name]] for f in stored)
 
 
-def test_only_the_key_text_error_fields_request_id_engine_hash_and_drain_stay_on_the_wire():
+def test_only_the_key_text_error_fields_request_id_engine_hash_drain_and_load_stay_on_the_wire():
     wire_only = {f.name for f in fields(GenerateResult)} - set(RESULT_COLUMNS)
     assert wire_only == {"key", "text", "error_class", "error_message", "request_id",
-                         "engine_config_hash", "drained", "assistant_spans"}
+                         "engine_config_hash", "drained", "assistant_spans", "load"}
 
 
 def test_the_stage_output_carries_data_and_failures_but_no_reject_columns():
