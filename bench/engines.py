@@ -22,6 +22,7 @@ CAPACITY = "sglang:sim_capacity_tok_s"
 REQUESTS = "sglang:num_requests"
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
+RETRACTED = "sglang:num_retracted_requests_total"  # written from the first retraction on
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
@@ -48,6 +49,7 @@ class EngineWatch:
         self.tokens: list[float] = []
         self.running: list[list[float]] = []  # per scrape, per engine
         self.queued: list[list[float]] = []
+        self.retracted: list[float] = []  # per scrape, summed over the engines
         self.thread_cpu_s = 0.0
         self.failed_scrapes = 0
         self._stop = threading.Event()
@@ -59,6 +61,11 @@ class EngineWatch:
         self.tokens.append(sum(m[GEN + "_total"] for m in scraped))
         self.running.append([m.get(RUNNING, 0.0) for m in scraped])
         self.queued.append([m.get(QUEUED, 0.0) for m in scraped])
+        self.retracted.append(sum(m.get(RETRACTED, 0.0) for m in scraped))
+
+    def retractions(self) -> Optional[float]:
+        """Requests the engines retracted between the first scrape and the last."""
+        return self.retracted[-1] - self.retracted[0] if self.retracted else None
 
     def batch_stats(self, t0: float, t1: float, full_batch: float) -> Optional[dict]:
         """Running/queued requests per engine over [t0, t1], from the scrapes in it."""

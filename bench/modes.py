@@ -47,6 +47,8 @@ class ModeResult:
     watch: Optional[EngineWatch] = None
     notes: list[str] = field(default_factory=list)
     idle_gpu_s: Optional[dict] = None  # raygen: progress.json's engine_idle_gpu_s
+    retractions: Optional[float] = None  # the engines' retraction counters over the mode
+    inflight: str = ""  # rows in flight: a number, or "adaptive (at most N)"
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Context:
     proc_tree: ProcTree
     rss_period_s: float = 0.5
     keep_outputs: bool = False
+    sweep: tuple[int, ...] = ()  # plain_sweep's concurrencies
 
 
 @contextmanager
@@ -81,6 +84,7 @@ def measured(ctx: Context, result: ModeResult, count_tree: bool = True) -> Itera
             sampler.stop()
         watch.stop()
         result.watch = watch
+        result.retractions = watch.retractions()
         if watch.failed_scrapes:
             result.notes.append(f"{watch.failed_scrapes} engine scrapes failed (an engine was "
                                 f"replaced during the mode: engine-side figures are invalid)")
@@ -97,10 +101,11 @@ class _Never(Exception):
     pass
 
 
-def run_raygen(ctx: Context, warm: bool = True) -> ModeResult:
+def run_raygen(ctx: Context, warm: bool = True, inflight: Optional[str] = None) -> ModeResult:
     """(a) raygen: jobs.runs.run.run_job with the config (engines already deployed: it
     attaches); ``warm`` False: with RAYGEN_WARM_START=0 (the start-up before
-    jobs/pipeline/warmup.py)."""
+    jobs/pipeline/warmup.py); ``inflight``: job.inflight (adaptive | fixed) over the
+    config's."""
     from jobs.config import parse_config
     from jobs.pipeline.settings import RunMode
     from jobs.runs.run import run_job
@@ -109,8 +114,13 @@ def run_raygen(ctx: Context, warm: bool = True) -> ModeResult:
 
     tree = json.loads(json.dumps(ctx.tree))
     tree["job"]["run_name"] = f"bench-{uuid.uuid4().hex[:8]}"
+    if inflight is not None:
+        tree["job"]["inflight"] = inflight
     cfg = parse_config(tree)
-    res = ModeResult("raygen" if warm else "raygen_cold", ctx.rows)
+    name = "raygen" if warm else "raygen_cold"
+    res = ModeResult(name if inflight is None else f"{name}_{inflight}", ctx.rows)
+    most = cfg.job.inflight_rows_per_actor * cfg.job.max_actors
+    res.inflight = f"{most}" if cfg.job.inflight == "fixed" else f"adaptive, at most {most}"
     before = os.environ.get("RAYGEN_WARM_START")
     os.environ["RAYGEN_WARM_START"] = "1" if warm else "0"  # read by run_job in this process
     try:
@@ -142,18 +152,26 @@ def run_raygen(ctx: Context, warm: bool = True) -> ModeResult:
     return res
 
 
-def run_plain(ctx: Context) -> ModeResult:
-    """(b) the plain asyncio client, in its own process, against the replicas' engines."""
+def run_plain_sweep(ctx: Context) -> list[ModeResult]:
+    """(b) at each of the sweep's concurrencies (``--sweep``): the best is the anchor."""
+    return [run_plain(ctx, c) for c in ctx.sweep]
+
+
+def run_plain(ctx: Context, concurrency: Optional[int] = None) -> ModeResult:
+    """(b) the plain asyncio client, in its own process, against the replicas' engines;
+    ``concurrency`` rows in flight (default: the run's)."""
+    concurrency = concurrency or ctx.inflight
     run_dir = ctx.work_dir / f"plain-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True)
     job = ctx.cfg.job
     spec = {"urls": ctx.engine_urls, "prompts": str(ctx.prompts), "limit": None,
             "sampling": job.main_sampling.to_sglang(), "max_new_tokens": job.max_new_tokens,
-            "concurrency": ctx.inflight, "out_dir": str(run_dir / "data"),
+            "concurrency": concurrency, "out_dir": str(run_dir / "data"),
             "flush_rows": job.rows_per_file, "result_prefix": str(run_dir / "result"),
             "request_timeout_s": ctx.cfg.engine.request_timeout_s}
     (run_dir / "spec.json").write_text(json.dumps(spec))
-    res = ModeResult("plain", ctx.rows)
+    res = ModeResult("plain" if concurrency == ctx.inflight and not ctx.sweep
+                     else f"plain@{concurrency}", ctx.rows, inflight=str(concurrency))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     with measured(ctx, res, count_tree=False):
@@ -228,7 +246,10 @@ def _local_files(folder: Path):
 
 
 RUNNERS = {"raygen": run_raygen, "raygen_cold": lambda ctx: run_raygen(ctx, warm=False),
-           "plain": run_plain, "raydata_llm": run_raydata_llm}
+           "raygen_fixed": lambda ctx: run_raygen(ctx, inflight="fixed"),
+           "raygen_adaptive": lambda ctx: run_raygen(ctx, inflight="adaptive"),
+           "plain": run_plain, "plain_sweep": run_plain_sweep,
+           "raydata_llm": run_raydata_llm}
 
 
 def _remove(loc) -> None:

@@ -44,6 +44,8 @@ class Figures:
     rss_by_role: dict[str, float]
     notes: list[str]
     idle_gpu_s: Optional[dict] = None  # raygen: the session's engine_idle_gpu_s
+    retractions: Optional[float] = None  # the engines' retraction counters over the mode
+    inflight: str = ""
     engine_cpu_s: float = 0.0   # the engines' processes over the mode
     cpu_share: Optional[float] = None  # the mode's CPU / (its CPU + the engines')
 
@@ -108,7 +110,8 @@ def figures(res: ModeResult, capacity_tok_s: Optional[float], plain_tok_s: Optio
         cpu_by_component={k: round(v, 2) for k, v in res.cpu_s.items() if abs(v) >= 0.005},
         peak_rss_mib=res.peak_rss_total / MiB,
         rss_by_role={k: round(v / MiB, 1) for k, v in res.peak_rss.items()},
-        notes=list(res.notes), engine_cpu_s=res.engine_cpu_s, cpu_share=share)
+        notes=list(res.notes), engine_cpu_s=res.engine_cpu_s, cpu_share=share,
+        retractions=res.retractions, inflight=res.inflight)
 
 
 def _by_role(cpu: dict[str, float]) -> dict[str, float]:
@@ -147,4 +150,53 @@ def markdown(figs: list[Figures], header: list[str]) -> str:
             f"{_f(f.cpu_share and 100 * f.cpu_share, '{:.1f}%')}; "
             f"peak RSS MiB by role {f.rss_by_role}"
             + (f"; {'; '.join(f.notes)}" if f.notes else ""))
+    return "\n".join(lines) + "\n"
+
+
+KV_COLUMNS = ["mode", "rows in flight", "output tok/s", "steady tok/s (engines)",
+              "retractions", "retracted / rows", "× anchor", "× raygen fixed"]
+CLEAN = 0.01  # retractions per row a point may have and still be the anchor (as raygen tune)
+
+
+def _retracted_share(f: Figures) -> Optional[float]:
+    return f.retractions / f.rows if f.retractions is not None and f.rows else None
+
+
+def kv_table(figs: list[Figures]) -> str:
+    """Issue 36's comparison with a KV pool that binds: every mode's output tok/s and
+    the engines' retractions, against the anchor and raygen fixed, then the verdict on
+    the targets (adaptive >= 0.97x the anchor, retractions <= 1% of rows, >= 1.2x
+    raygen fixed when fixed retracts). The anchor: the plain client's best concurrency
+    among those retracting <= 1% of their rows (the point `raygen tune` would pick: a
+    point that retracts more is not one to run at), or its best overall when none is."""
+    plains = [f for f in figs if f.mode == "plain" or f.mode.startswith("plain@")]
+    clean = [f for f in plains if (_retracted_share(f) or 0.0) <= CLEAN]
+    anchor = max(clean or plains, key=lambda f: f.tok_s, default=None)
+    fixed = next((f for f in figs if f.mode == "raygen_fixed"), None)
+    lines = ["| " + " | ".join(KV_COLUMNS) + " |", "|" + "|".join("---" for _ in KV_COLUMNS) + "|"]
+    for f in figs:
+        lines.append("| " + " | ".join([
+            f.mode + (" (anchor)" if f is anchor else ""), f.inflight or "n/a",
+            f"{f.tok_s:,.0f}", _f(f.steady_tok_s, "{:,.0f}"), _f(f.retractions, "{:,.0f}"),
+            _f(_retracted_share(f), "{:.2%}"),
+            _f(anchor and f.tok_s / anchor.tok_s, "{:.3f}"),
+            _f(fixed and fixed.tok_s and f.tok_s / fixed.tok_s, "{:.3f}")]) + " |")
+    adaptive = next((f for f in figs if f.mode in ("raygen", "raygen_adaptive")
+                     and f.inflight.startswith("adaptive")), None)
+    if adaptive and anchor:
+        share = _retracted_share(adaptive) or 0.0
+        verdict = [f"adaptive / anchor {adaptive.tok_s / anchor.tok_s:.3f} (target >= 0.97: "
+                   f"{'met' if adaptive.tok_s >= 0.97 * anchor.tok_s else 'MISSED'}"
+                   + ("" if clean else "; no plain point retracted <= 1%: the anchor is the "
+                      "best overall") + ")",
+                   f"adaptive retractions {share:.2%} of rows (target <= 1%: "
+                   f"{'met' if share <= CLEAN else 'MISSED'})"]
+        if fixed:
+            ratio = adaptive.tok_s / fixed.tok_s if fixed.tok_s else float("inf")
+            verdict.append(
+                f"adaptive / raygen fixed {ratio:.3f} with fixed retracting "
+                f"{_retracted_share(fixed) or 0.0:.2%} of rows (target >= 1.2 when fixed "
+                f"retracts: " + ("met" if ratio >= 1.2 else "MISSED" if fixed.retractions
+                                 else "n/a, fixed did not retract") + ")")
+        lines += ["", "Targets: " + "; ".join(verdict) + "."]
     return "\n".join(lines) + "\n"

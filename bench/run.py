@@ -22,12 +22,15 @@ from bench.engines import capacity_tok_s
 from bench.modes import REPO, RUNNERS, Context
 from bench.procs import ProcTree
 from bench.prompts import prompt_file
-from bench.report import Figures, figures, markdown
+from bench.report import Figures, figures, kv_table, markdown
 
 logger = logging.getLogger("bench")
 MODES = ("raygen", "plain", "raydata_llm")
-EXTRA_MODES = ("raygen_cold",)  # only when asked for: raygen with RAYGEN_WARM_START=0
-DATA_MODES = ("raygen", "raygen_cold", "raydata_llm")  # the modes that run a Ray Data job
+# Only when asked for: raygen with RAYGEN_WARM_START=0; raygen with job.inflight fixed or
+# adaptive whatever the config says; the plain client at each --sweep concurrency.
+EXTRA_MODES = ("raygen_cold", "raygen_fixed", "raygen_adaptive", "plain_sweep")
+DATA_MODES = ("raygen", "raygen_cold", "raygen_fixed", "raygen_adaptive",
+              "raydata_llm")  # the modes that run a Ray Data job
 ENGINES = ("simulator", "sglang-cpu", "sglang-cpu-spec")
 
 
@@ -54,6 +57,9 @@ class Options:
     overrides: list[str] = field(default_factory=list)  # raygen config --set dotted=value
     env: dict[str, str] = field(default_factory=dict)  # env vars for a cluster we start
     data_coordinator: str = "fresh"  # fresh: removed before each Ray Data mode; kept
+    max_total_tokens: Optional[int] = None  # each engine's KV pool (default: none on the
+    #                                  simulator, 65,536 on sglang-cpu)
+    sweep: tuple[int, ...] = ()      # plain_sweep: the plain client's concurrencies
 
     @property
     def scale(self) -> float:
@@ -82,7 +88,7 @@ def engine_section(opt: Options) -> dict[str, Any]:
         from serve_apps.engines.sglang_cpu import models
         return {"kind": "sglang", "device": "cpu", "model_path": str(models.ensure("sampled")),
                 "served_model_name": "raygen-tiny-sampled", "chat_template": "builtin",
-                "context_length": 4096, "max_total_tokens": 65536,
+                "context_length": 4096, "max_total_tokens": opt.max_total_tokens or 65536,
                 "max_running_requests": opt.max_running, "start_timeout_s": 600,
                 "request_timeout_s": 3600}
     if opt.engine == "sglang-cpu-spec":
@@ -101,7 +107,8 @@ def engine_section(opt: Options) -> dict[str, Any]:
     return {"kind": "simulator", "model_path": "sim-bench", "context_length": 16384,
             "max_running_requests": opt.max_running, "start_timeout_s": 120,
             "request_timeout_s": 3600, "speculative": {"algorithm": "NEXTN"},
-            "simulator": {"time_scale": opt.scale, "accept_length": 3.0}}
+            "simulator": {"time_scale": opt.scale, "accept_length": 3.0,
+                          "max_total_tokens": opt.max_total_tokens}}
 
 
 def config_tree(opt: Options, prompts: Path, inflight: int) -> dict[str, Any]:
@@ -244,15 +251,17 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         ctx = Context(cfg=cfg, tree=tree, prompts=prompts, rows=opt.prompts, work_dir=work,
                       engine_urls=urls, inflight=inflight, actors=opt.actors,
                       proc_tree=ProcTree(), rss_period_s=opt.rss_period_s,
-                      keep_outputs=opt.keep_outputs)
+                      keep_outputs=opt.keep_outputs, sweep=opt.sweep)
         results = []
         for mode in opt.modes:
             if own_ray and mode in DATA_MODES:
                 data_coordinator(opt.data_coordinator)
             logger.warning("bench: mode %s, %d prompts ...", mode, opt.prompts)
-            res = RUNNERS[mode](ctx)
-            logger.warning("bench: mode %s done in %.1f s", mode, res.ended_at - res.started_at)
-            results.append(res)
+            out = RUNNERS[mode](ctx)
+            for res in out if isinstance(out, list) else [out]:
+                logger.warning("bench: mode %s done in %.1f s", res.mode,
+                               res.ended_at - res.started_at)
+                results.append(res)
             time.sleep(1.0)  # let the engines' last scrape and the pools settle
         accept_line = _accept_line(opt, results, urls)
     finally:
@@ -264,8 +273,9 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
             serve.shutdown()
             ray.shutdown()
 
-    plain = next((r for r in results if r.mode == "plain"), None)
-    plain_tok_s = plain.output_tokens / (plain.ended_at - plain.started_at) if plain else None
+    plains = [r for r in results if r.mode == "plain" or r.mode.startswith("plain@")]
+    plain_tok_s = max((r.output_tokens / (r.ended_at - r.started_at) for r in plains),
+                      default=None)  # the best plain client is the anchor
     if opt.engine == "simulator":
         sim = cfg.engine.simulator
         full_batch = sim.max_decode_tok_s / sim.per_request_decode_tok_s
@@ -286,7 +296,11 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         "",
         f"Settings: {opt.prompts} prompts (jobs.demo_prompts.build, seed {opt.seed}), "
         f"{opt.replicas} replicas = {engines}, "
-        f"max_new_tokens {opt.budget}, {inflight} rows in flight in every mode; "
+        f"max_new_tokens {opt.budget}, "
+        + (f"KV pool {cfg.engine.max_total_tokens if opt.engine != 'simulator' else opt.max_total_tokens:,} "
+           f"tokens per engine, " if opt.max_total_tokens else "")
+        + f"{inflight} rows in flight in every mode"
+        + (f" (plain_sweep: {', '.join(map(str, opt.sweep))})" if opt.sweep else "") + "; "
         f"raygen: {opt.actors} generate actors x {max(1, inflight // opt.actors)} in flight, "
         f"batch 64, 8 batches/actor, 256 rows/file, serve.max_ongoing_requests "
         f"{cfg.serve.max_ongoing_requests}, metrics_linger_s 0, output "
@@ -302,6 +316,8 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         f"raygen code: commit {version}.",
     ] + (["", accept_line] if accept_line else [])
     text = markdown(figs, header)
+    if any(f.retractions for f in figs) or opt.max_total_tokens:
+        text += "\n" + kv_table(figs)
     if opt.out:
         Path(opt.out).write_text(text)
     return BenchResult(opt, figs, text, urls, capacity)
@@ -351,6 +367,12 @@ def parse_args(argv: Optional[list[str]]) -> Options:
                    help="raygen config override, e.g. --set serve.max_ongoing_requests=128")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the Ray cluster this run starts")
+    p.add_argument("--max-total-tokens", type=int,
+                   help="each engine's KV pool in tokens (default: none on the simulator, "
+                   "65536 on sglang-cpu); small enough and the pool binds: engines retract")
+    p.add_argument("--sweep", default="",
+                   help="plain_sweep's concurrencies, e.g. 4,8,16,32 (with --modes "
+                   "plain_sweep,raygen_fixed,raygen_adaptive: the KV pool comparison)")
     a = p.parse_args(argv)
     return Options(prompts=a.prompts, replicas=a.replicas, time_scale=a.time_scale,
                    zero_latency=a.zero_latency,
@@ -360,6 +382,8 @@ def parse_args(argv: Optional[list[str]]) -> Options:
                    max_new_tokens=a.max_new_tokens, engine=a.engine,
                    keep_outputs=a.keep_outputs, overrides=a.set,
                    data_coordinator=a.data_coordinator,
+                   max_total_tokens=a.max_total_tokens,
+                   sweep=tuple(int(c) for c in a.sweep.split(",") if c.strip()),
                    env=dict(e.partition("=")[::2] for e in a.env))
 
 

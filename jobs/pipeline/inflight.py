@@ -16,8 +16,11 @@ congestion window (additive increase, multiplicative decrease):
   estimate into a near-full pool, which is how a retraction starts.
 - **room**: no engine at ``HIGH_WATER`` and the engines queue fewer than
   ``queue_target`` rows on average (enough that a finished request is replaced at once,
-  while the next rows are on their way) -> grow: doubled until the first decrease (slow
-  start), then ``+1`` per ``grow_s``.
+  while the next rows are on their way) -> grow: doubled until the first decrease or
+  until a pool is ``CAREFUL`` full (slow start: running rows grow into the pool, so its
+  usage lags what they will need), then ``+1`` per ``grow_s``; from one below the
+  limit of the last retraction, ``+1`` per ``PROBE_S`` (a plateau, as TCP CUBIC's near
+  its last loss: the engine retracted there, so probe it rarely).
 - otherwise hold.
 
 Every actor runs its own controller on the same engines' reports, so after a
@@ -35,9 +38,13 @@ import time
 from typing import Any, Callable, Optional
 
 HIGH_WATER = 0.90   # token usage above which queued rows are not wanted
-BACKOFF = 0.7       # limit kept on a retraction
+CAREFUL = 0.5       # token usage from which growth is additive (slow start ends): the
+                    # rows already running grow into the pool, so usage lags what they need
+BACKOFF = 0.8       # limit kept on a retraction
+START = 4           # the first limit: doubled every DECIDE_S while there is room
 DECIDE_S = 0.5      # at most one decision per this
 GROW_S = 1.0        # after slow start: +1 row per this
+PROBE_S = 10.0      # ... and per this at or above the limit of the last retraction
 COOLDOWN_S = 3.0    # one decrease per retraction burst
 FORGET_S = 60.0     # a replica not heard from for this long is gone (replaced)
 
@@ -58,8 +65,9 @@ class InflightControl:
             raise ValueError(f"in-flight bounds must satisfy 1 <= lo <= hi, got [{lo}, {hi}]")
         self.lo, self.hi, self._clock = lo, hi, clock
         self.decide_s, self.grow_s, self.cooldown_s = decide_s, grow_s, cooldown_s
-        self.limit = max(lo, min(hi, start if start is not None else hi // 4))
+        self.limit = max(lo, min(hi, start if start is not None else START))
         self.slow_start = True
+        self.ceiling: Optional[int] = None  # the limit when an engine last retracted
         self.engines: dict[str, tuple[float, dict[str, Any]]] = {}  # replica -> (seen, load)
         self._retracted: dict[str, float] = {}  # replica -> its counter at the last decision
         self._decided_at = self._grown_at = self._cut_at = float("-inf")
@@ -88,6 +96,7 @@ class InflightControl:
             retracted |= before is not None and load["retracted"] > before
         if retracted:
             if now - self._cut_at >= self.cooldown_s:
+                self.ceiling = self.limit
                 self._cut(now, max(self.lo, int(self.limit * BACKOFF)), "retraction")
             return
         if any(load["token_usage"] >= HIGH_WATER and load["queued"] > 0 for load in loads):
@@ -98,9 +107,12 @@ class InflightControl:
         target = sum(queue_target(load["running"]) for load in loads) / len(loads)
         if hot or waiting >= target or self.limit >= self.hi:
             return
+        if self.slow_start and any(load["token_usage"] >= CAREFUL for load in loads):
+            self.slow_start = False
+        near = self.ceiling is not None and self.limit >= self.ceiling - 1
         if self.slow_start:
             self.limit = min(self.hi, self.limit * 2)
-        elif now - self._grown_at >= self.grow_s:
+        elif now - self._grown_at >= (PROBE_S if near else self.grow_s):
             self.limit += 1
         else:
             return

@@ -32,3 +32,43 @@ def test_sglang_cpu_engine_runs_the_sampled_model_with_plain_sampling(tmp_path, 
 def test_unknown_engine_is_refused():
     with pytest.raises(SystemExit):
         bench_run.parse_args(["--engine", "vllm"])
+
+
+def test_a_kv_pool_is_set_on_either_engine_and_the_sweep_parsed(tmp_path, monkeypatch):
+    from serve_apps.engines.sglang_cpu import models
+    monkeypatch.setattr(models, "ensure", lambda kind: Path("/cache") / kind)
+    opt = bench_run.parse_args(["--max-total-tokens", "20000", "--sweep", "8, 16,32",
+                                "--modes", "plain_sweep,raygen_fixed,raygen_adaptive"])
+    assert opt.sweep == (8, 16, 32)
+    assert parse_config(bench_run.config_tree(opt, tmp_path / "p.jsonl", 64)
+                        ).engine.simulator.max_total_tokens == 20000
+    assert parse_config(bench_run.config_tree(bench_run.Options(), tmp_path / "p.jsonl", 64)
+                        ).engine.simulator.max_total_tokens is None
+    opt = bench_run.parse_args(["--engine", "sglang-cpu", "--max-total-tokens", "3000"])
+    assert parse_config(bench_run.config_tree(opt, tmp_path / "p.jsonl", 32)
+                        ).engine.max_total_tokens == 3000
+
+
+def _figs(mode, tok_s, retractions, rows=1000, inflight="8"):
+    from bench.report import Figures
+    return Figures(mode=mode, rows=rows, expected_rows=rows, errors=0, wall_s=1.0, tok_s=tok_s,
+                   ratio_plain=None, steady_tok_s=None, capacity_tok_s=None, saturation=None,
+                   window=(0, 0), tail_s=0, last_row_s=0, return_s=0, ramp_s=None,
+                   first_request_s=None, batch=None, longest_s=0, tail_ratio=None,
+                   cpu_ms_row=0, cpu_by_role={}, cpu_by_component={}, peak_rss_mib=0,
+                   rss_by_role={}, notes=[], retractions=retractions, inflight=inflight)
+
+
+def test_the_anchor_is_the_best_plain_point_that_does_not_retract_and_targets_are_judged():
+    from bench.report import kv_table
+    text = kv_table([_figs("plain@8", 900, 2), _figs("plain@16", 1000, 5),
+                     _figs("plain@32", 1500, 400), _figs("raygen_fixed", 700, 300, inflight="64"),
+                     _figs("raygen_adaptive", 980, 4, inflight="adaptive, at most 64")])
+    assert "| plain@16 (anchor) |" in text and text.count("(anchor)") == 1
+    assert "adaptive / anchor 0.980 (target >= 0.97: met)" in text
+    assert "adaptive retractions 0.40% of rows (target <= 1%: met)" in text
+    assert "adaptive / raygen fixed 1.400 with fixed retracting 30.00% of rows" in text
+    missed = kv_table([_figs("plain@8", 1000, 50), _figs("raygen", 900, 20,
+                                                         inflight="adaptive, at most 8")])
+    assert "0.900 (target >= 0.97: MISSED; no plain point retracted <= 1%" in missed
+    assert "2.00% of rows (target <= 1%: MISSED)" in missed

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.pipeline.inflight import (BACKOFF, COOLDOWN_S, DECIDE_S, GROW_S, HIGH_WATER,
-                                    InflightControl, queue_target)
+from jobs.pipeline.inflight import (BACKOFF, CAREFUL, COOLDOWN_S, DECIDE_S, GROW_S,
+                                    HIGH_WATER, PROBE_S, START, InflightControl,
+                                    queue_target)
 from jobs.pipeline.row_sender import RowSender
 from tests.support.virtual_time import VirtualClock, run_virtual
 
@@ -33,19 +34,26 @@ def step(ctl, clock, report, dt=DECIDE_S):
     return ctl.observe(report)
 
 
-def test_bounds_are_checked_and_the_start_is_a_quarter_of_the_most():
+def test_bounds_are_checked_and_the_start_is_small_within_them():
     with pytest.raises(ValueError, match="1 <= lo <= hi"):
         InflightControl(0, 4)
     with pytest.raises(ValueError, match=r"\[5, 4\]"):
         InflightControl(5, 4)
-    assert InflightControl(1, 128).limit == 32
-    assert InflightControl(1, 2).limit == 1
+    assert InflightControl(1, 128).limit == START == 4
+    assert InflightControl(1, 2).limit == 2 and InflightControl(6, 8).limit == 6
 
 
 def test_with_room_it_doubles_until_the_most_and_no_further():
     ctl, clock = control(hi=64, start=8)
     limits = [step(ctl, clock, load()) for _ in range(5)]
     assert limits == [16, 32, 64, 64, 64]
+
+
+def test_slow_start_ends_once_a_pool_is_half_full():
+    ctl, clock = control(hi=64, start=8)
+    assert step(ctl, clock, load(usage=CAREFUL)) == 9 and not ctl.slow_start
+    assert step(ctl, clock, load(usage=CAREFUL)) == 9  # then a row per GROW_S
+    assert step(ctl, clock, load(usage=CAREFUL)) == 10
 
 
 def test_one_decision_per_interval_however_many_results_arrive():
@@ -66,10 +74,17 @@ def test_a_retraction_cuts_by_the_backoff_once_per_burst_then_growth_is_additive
     assert step(ctl, clock, load(retracted=9)) == cut  # same burst: within the cooldown
     clock.now += COOLDOWN_S
     assert step(ctl, clock, load(retracted=9)) == cut + 1  # no new retraction: room
-    assert not ctl.slow_start
+    assert not ctl.slow_start and ctl.ceiling == 64
     # additive: one row per GROW_S, not per decision
     grown = [step(ctl, clock, load()) for _ in range(int(4 * GROW_S / DECIDE_S))]
     assert grown[-1] == cut + 1 + 4
+    # one below where it retracted, a row per PROBE_S: a plateau
+    while ctl.limit < 63:
+        step(ctl, clock, load())
+    at = clock.now
+    while ctl.limit < 64:
+        step(ctl, clock, load())
+    assert clock.now - at >= PROBE_S - DECIDE_S
 
 
 def test_a_retraction_after_the_cooldown_cuts_again_and_never_below_the_least():
@@ -103,7 +118,7 @@ def test_a_long_enough_queue_holds_the_limit():
 def test_every_engine_counts_one_full_engine_stops_the_growth_of_all():
     ctl, clock = control(start=8)
     assert ctl.observe(load("a")) == 16  # the first report decides at once
-    assert step(ctl, clock, load("b", usage=0.5)) == 32
+    assert step(ctl, clock, load("b", usage=0.4)) == 32
     assert step(ctl, clock, load("a", usage=0.93, queued=0)) == 32  # a is hot: hold
     # a retraction on any engine is a signal, whichever engine answered this result
     ctl.engines["a"] = (clock.now, load("a", retracted=2))
