@@ -18,7 +18,7 @@ congestion window (additive increase, multiplicative decrease):
   ``queue_target`` rows on average (enough that a finished request is replaced at once,
   while the next rows are on their way) -> grow: doubled until the first decrease or
   until a pool is ``CAREFUL`` full (slow start: running rows grow into the pool, so its
-  usage lags what they will need), then ``+1`` per ``grow_s``; from one below the
+  usage lags what they will need), then a row per engine per ``grow_s``; from one below the
   limit of the last retraction, ``+1`` per ``PROBE_S`` (a plateau, as TCP CUBIC's near
   its last loss: the engine retracted there, so probe it rarely).
 - otherwise hold.
@@ -43,7 +43,7 @@ CAREFUL = 0.5       # token usage from which growth is additive (slow start ends
 BACKOFF = 0.8       # limit kept on a retraction
 START = 4           # the first limit: doubled every DECIDE_S while there is room
 DECIDE_S = 0.5      # at most one decision per this
-GROW_S = 1.0        # after slow start: +1 row per this
+GROW_S = 1.0        # after slow start: +1 row per engine per this
 PROBE_S = 10.0      # ... and per this at or above the limit of the last retraction
 COOLDOWN_S = 3.0    # one decrease per retraction burst
 FORGET_S = 60.0     # a replica not heard from for this long is gone (replaced)
@@ -113,7 +113,7 @@ class InflightControl:
         if self.slow_start:
             self.limit = min(self.hi, self.limit * 2)
         elif now - self._grown_at >= (PROBE_S if near else self.grow_s):
-            self.limit += 1
+            self.limit = min(self.hi, self.limit + (1 if near else len(loads)))
         else:
             return
         self._grown_at = now
