@@ -27,6 +27,7 @@ class FakeClient:
     def __init__(self) -> None:
         self.answer: Any = "fine</think>answer"
         self.up = True
+        self.metrics_page = ""
 
     async def tokenize(self, text: str) -> list[int]:
         return [ord(c) for c in text]
@@ -48,7 +49,7 @@ class FakeClient:
         return self.up
 
     async def metrics_text(self) -> str:
-        return ""
+        return self.metrics_page
 
     async def server_info(self) -> dict[str, Any]:
         return {"internal_states": [{"effective_max_running_requests_per_dp": 7}]}
@@ -106,6 +107,27 @@ def test_generate_success_returns_a_data_result():
     assert (result["reasoning"], result["answer"]) == ("fine", "answer")
     assert result["completion_tokens"] == len("fine</think>answer")
     assert result["replica"] == replica.replica_id
+
+
+def test_every_result_carries_its_engines_load_for_the_adaptive_sender():
+    replica, backend = _replica()
+    backend.client.metrics_page = (
+        'sglang:num_running_reqs{tp_rank="0"} 5.0\nsglang:token_usage{tp_rank="0"} 0.7\n'
+        'sglang:num_retracted_requests_total{pid="1"} 3.0\n')
+
+    async def two_rows():
+        first = await replica.generate(_request("k1"))
+        await asyncio.sleep(0)  # the refresh the first result started
+        backend.client.answer = EngineBadRequest("HTTP 400: no")  # a failed row carries it too
+        return first, await replica.generate(_request("k2"))
+
+    first, second = asyncio.run(two_rows())
+    # the cap is the engine's own (server_info says nothing here: the config's)
+    assert first.load["replica"] == replica.replica_id and first.load["cap"] == 48
+    assert first.load["inflight"] == 0 and first.load["age_s"] is None  # nothing read yet
+    assert second.error_class == "bad_request"
+    assert (second.load["running"], second.load["token_usage"], second.load["retracted"]) == \
+        (5.0, 0.7, 3.0)
 
 
 def test_a_bad_request_comes_back_as_a_row_error():
