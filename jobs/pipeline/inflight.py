@@ -18,9 +18,12 @@ congestion window (additive increase, multiplicative decrease):
   ``queue_target`` rows on average (enough that a finished request is replaced at once,
   while the next rows are on their way) -> grow: doubled until the first decrease or
   until a pool is ``CAREFUL`` full (slow start: running rows grow into the pool, so its
-  usage lags what they will need), then a row per engine per ``grow_s``; from one below the
-  limit of the last retraction, ``+1`` per ``PROBE_S`` (a plateau, as TCP CUBIC's near
-  its last loss: the engine retracted there, so probe it rarely).
+  usage lags what they will need), then a row per engine per ``grow_s``; once an engine
+  has retracted, from the limit that retraction cut to (``BACKOFF`` x the limit it
+  happened at) only ``+1`` per ``PROBE_S``: rows vary in length, so what fits moves,
+  and an engine a row past it retracts at a rate no quicker regrowth would stay under
+  1% of rows (measured on the simulator: growing back at a row per engine per second
+  retracted 8.8% of rows).
 - otherwise hold.
 
 Every actor runs its own controller on the same engines' reports, so after a
@@ -44,7 +47,7 @@ BACKOFF = 0.8       # limit kept on a retraction
 START = 4           # the first limit: doubled every DECIDE_S while there is room
 DECIDE_S = 0.5      # at most one decision per this
 GROW_S = 1.0        # after slow start: +1 row per engine per this
-PROBE_S = 10.0      # ... and per this at or above the limit of the last retraction
+PROBE_S = 10.0      # ... and per this from where the last retraction cut to
 COOLDOWN_S = 3.0    # one decrease per retraction burst
 FORGET_S = 60.0     # a replica not heard from for this long is gone (replaced)
 
@@ -109,7 +112,7 @@ class InflightControl:
             return
         if self.slow_start and any(load["token_usage"] >= CAREFUL for load in loads):
             self.slow_start = False
-        near = self.ceiling is not None and self.limit >= self.ceiling - 1
+        near = self.ceiling is not None and self.limit >= int(self.ceiling * BACKOFF)
         if self.slow_start:
             self.limit = min(self.hi, self.limit * 2)
         elif now - self._grown_at >= (PROBE_S if near else self.grow_s):

@@ -65,7 +65,7 @@ def test_one_decision_per_interval_however_many_results_arrive():
     assert ctl.limit == 16
 
 
-def test_a_retraction_cuts_by_the_backoff_once_per_burst_then_growth_is_additive():
+def test_a_retraction_cuts_by_the_backoff_once_per_burst_then_growth_is_a_slow_probe():
     ctl, clock = control(start=32)
     step(ctl, clock, load(retracted=3))          # first sight: a baseline, not a signal
     assert ctl.limit == 64
@@ -73,18 +73,19 @@ def test_a_retraction_cuts_by_the_backoff_once_per_burst_then_growth_is_additive
     cut = ctl.limit
     assert step(ctl, clock, load(retracted=9)) == cut  # same burst: within the cooldown
     clock.now += COOLDOWN_S
-    assert step(ctl, clock, load(retracted=9)) == cut + 1  # no new retraction: room
     assert not ctl.slow_start and ctl.ceiling == 64
-    # additive: one row per GROW_S, not per decision
-    grown = [step(ctl, clock, load()) for _ in range(int(4 * GROW_S / DECIDE_S))]
-    assert grown[-1] == cut + 1 + 4
-    # one below where it retracted, a row per PROBE_S: a plateau
-    while ctl.limit < 63:
-        step(ctl, clock, load())
-    at = clock.now
-    while ctl.limit < 64:
-        step(ctl, clock, load())
-    assert clock.now - at >= PROBE_S - DECIDE_S
+    # from where the retraction cut to: one row per PROBE_S, however much room is reported
+    limits = [step(ctl, clock, load(retracted=9)) for _ in range(int(3 * PROBE_S / DECIDE_S))]
+    assert limits[-1] == cut + 3 and limits.count(cut + 1) == PROBE_S / DECIDE_S
+
+
+def test_after_slow_start_growth_is_a_row_per_engine_per_second():
+    ctl, clock = control(start=8)
+    assert ctl.observe(load("a", usage=CAREFUL)) == 9  # slow start ends: a row, one engine
+    clock.now += GROW_S
+    ctl.engines["b"] = (clock.now, load("b"))
+    assert ctl.observe(load("a")) == 11  # two engines: two rows
+    assert step(ctl, clock, load("a")) == 11  # then not before GROW_S
 
 
 def test_a_retraction_after_the_cooldown_cuts_again_and_never_below_the_least():
