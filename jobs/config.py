@@ -192,7 +192,7 @@ class JobConfig(StrictModel):
         "adaptive", description="adaptive: each actor's rows in flight follow the engines' "
         "load, reported with every result (running, queued, token usage, retractions): "
         "grown while they have room and a short queue, cut when an engine retracts or its "
-        "KV pool is near full with rows waiting, within [1, inflight_rows_per_actor] "
+        "KV pool is near full with a queue past its target, within [1, inflight_rows_per_actor] "
         "(jobs/pipeline/inflight.py). fixed: always inflight_rows_per_actor.")
     inflight_rows_per_actor: int = Field(
         128, ge=1, description="Requests each actor keeps in flight (job.inflight fixed), or "

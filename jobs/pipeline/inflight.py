@@ -11,9 +11,11 @@ congestion window (additive increase, multiplicative decrease):
   ``limit x BACKOFF``, at most once per ``cooldown_s`` (one burst is one signal). The
   engine admitted past its KV pool: fewer rows in flight mean fewer queued rows for its
   optimistic admission to take in.
-- **full**: an engine's token usage is at or above ``HIGH_WATER`` while rows wait in its
-  queue -> ``limit - 1``: those rows would be admitted on SGLang's decaying new-token
-  estimate into a near-full pool, which is how a retraction starts.
+- **full**: an engine's token usage is at or above ``HIGH_WATER`` while its queue holds
+  ``queue_target`` rows or more -> ``limit - 1``: those rows would be admitted on
+  SGLang's decaying new-token estimate into a near-full pool, which is how a retraction
+  starts. A shorter queue is kept: it is what replaces a finished request at once
+  (cutting at one queued row held the simulator's engines at 4 rows where 6 fit).
 - **room**: no engine at ``HIGH_WATER`` and the engines queue fewer than
   ``queue_target`` rows on average (enough that a finished request is replaced at once,
   while the next rows are on their way) -> grow: doubled until the first decrease or
@@ -102,7 +104,8 @@ class InflightControl:
                 self.ceiling = self.limit
                 self._cut(now, max(self.lo, int(self.limit * BACKOFF)), "retraction")
             return
-        if any(load["token_usage"] >= HIGH_WATER and load["queued"] > 0 for load in loads):
+        if any(load["token_usage"] >= HIGH_WATER
+               and load["queued"] >= queue_target(load["running"]) for load in loads):
             self._cut(now, max(self.lo, self.limit - 1), "full")
             return
         hot = any(load["token_usage"] >= HIGH_WATER for load in loads)

@@ -99,11 +99,12 @@ def test_a_retraction_after_the_cooldown_cuts_again_and_never_below_the_least():
     assert ctl.limit == 3 and ctl.decisions["retraction"] >= 3
 
 
-def test_a_full_pool_with_rows_waiting_gives_back_a_row_per_decision():
+def test_a_full_pool_with_a_queue_past_its_target_gives_back_a_row_per_decision():
     ctl, clock = control(start=20)
-    assert step(ctl, clock, load(usage=HIGH_WATER, queued=1)) == 19
+    assert step(ctl, clock, load(usage=HIGH_WATER, queued=2)) == 19
     assert step(ctl, clock, load(usage=0.95, queued=3)) == 18
-    # full but nothing waiting: hold (the engine runs what it holds)
+    # full with a short queue (what replaces a finished row at once), or none: hold
+    assert step(ctl, clock, load(usage=0.97, queued=1)) == 18
     assert step(ctl, clock, load(usage=0.97, queued=0)) == 18
     assert ctl.decisions["full"] == 2
 
@@ -128,7 +129,7 @@ def test_every_engine_counts_one_full_engine_stops_the_growth_of_all():
 
 def test_a_replica_not_heard_from_is_forgotten_and_a_report_without_load_is_ignored():
     ctl, clock = control(start=8)
-    assert ctl.observe(load("gone", usage=0.99, queued=5)) == 7  # full, rows waiting
+    assert ctl.observe(load("gone", usage=0.99, queued=5)) == 7  # full, a queue past target
     clock.now += 61
     assert ctl.observe(load("new")) == 8  # gone is forgotten: room again (additive now)
     assert set(ctl.engines) == {"new"}
