@@ -46,10 +46,7 @@ HIGH_WATER = 0.90   # token usage above which queued rows are not wanted
 CAREFUL = 0.5       # token usage from which growth is additive (slow start ends): the
                     # rows already running grow into the pool, so usage lags what they need
 BACKOFF = 0.8       # limit kept on a retraction
-START_SHARE = 4     # the first limit is the most / this, doubled every DECIDE_S while
-                    # there is room: a session of short rows (the test suite's) is not
-                    # held back for seconds, and the real engines' own admission holds
-                    # a pool's first rows (measured: 0 retractions from 32 rows an actor)
+START = 4           # the first limit: doubled every DECIDE_S while there is room
 DECIDE_S = 0.5      # at most one decision per this
 GROW_S = 1.0        # after slow start: +1 row per engine per this
 PROBE_S = 10.0      # ... and per this from where the last retraction cut to
@@ -73,7 +70,7 @@ class InflightControl:
             raise ValueError(f"in-flight bounds must satisfy 1 <= lo <= hi, got [{lo}, {hi}]")
         self.lo, self.hi, self._clock = lo, hi, clock
         self.decide_s, self.grow_s, self.cooldown_s = decide_s, grow_s, cooldown_s
-        self.limit = max(lo, min(hi, start if start is not None else hi // START_SHARE))
+        self.limit = max(lo, min(hi, start if start is not None else START))
         self.slow_start = True
         self.ceiling: Optional[int] = None  # the limit when an engine last retracted
         self.engines: dict[str, tuple[float, dict[str, Any]]] = {}  # replica -> (seen, load)

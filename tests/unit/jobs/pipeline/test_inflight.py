@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from jobs.pipeline.inflight import (BACKOFF, CAREFUL, COOLDOWN_S, DECIDE_S, GROW_S,
-                                    HIGH_WATER, PROBE_S, START_SHARE, InflightControl,
+                                    HIGH_WATER, PROBE_S, START, InflightControl,
                                     queue_target)
 from jobs.pipeline.row_sender import RowSender
 from tests.support.virtual_time import VirtualClock, run_virtual
@@ -39,8 +39,8 @@ def test_bounds_are_checked_and_the_start_is_small_within_them():
         InflightControl(0, 4)
     with pytest.raises(ValueError, match=r"\[5, 4\]"):
         InflightControl(5, 4)
-    assert InflightControl(1, 128).limit == 128 // START_SHARE == 32
-    assert InflightControl(1, 2).limit == 1 and InflightControl(6, 8).limit == 6
+    assert InflightControl(1, 128).limit == START == 4
+    assert InflightControl(1, 2).limit == 2 and InflightControl(6, 8).limit == 6
 
 
 def test_with_room_it_doubles_until_the_most_and_no_further():
