@@ -5,8 +5,9 @@ lengths at once, far below their 32 running slots) take the same prompts twice: 
 ``job.inflight: fixed`` at 96 rows (what a hand-set config sends: every engine admits
 past its pool and retracts), then adaptive (the default). The engines' own retraction
 counters are read around each session; a sampler reads their running requests during
-the adaptive one. Adaptive must retract a small fraction of what fixed does, and still
-run its engines near what fits (not buy the retractions back with idle slots).
+the adaptive one. Adaptive must retract a tenth of what fixed does at most, and still
+run its engines at half of what fits or more (not buy the retractions back with idle
+slots).
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ def test_adaptive_keeps_the_pool_from_retracting_where_fixed_retracts(
     assert retracted["fixed"] >= 0.1 * ROWS, retracted  # the pool binds: fixed overfills it
     assert retracted["adaptive"] <= max(3, 0.1 * retracted["fixed"]), retracted
     # Between a sixth and five-sixths of the session (ramp-up and tail left out), the
-    # engines ran near what fits, not starved to stay clear of the pool.
+    # engines ran at least half of what fits, not starved to stay clear of the pool (a
+    # limit that stayed at its start, 4 rows, would give 2 per engine). Measured on a
+    # machine at load 40-110: 4.78 and above 4.8 per engine; the plain client retracts
+    # <= 1% at 6 (BENCHMARKS.md, "Rows in flight that follow the engines' KV pool").
     busy = [s for s in sampler.samples if sum(s)]  # from its first row to its last
     n = len(busy)
     steady = [x for s in busy[n // 6: 5 * n // 6] for x in s]
-    assert steady and sum(steady) / len(steady) >= 0.6 * FIT, sampler.samples
+    assert steady and sum(steady) / len(steady) >= 0.5 * FIT, sampler.samples
