@@ -188,12 +188,14 @@ class JobConfig(StrictModel):
         "memory whole).")
     min_actors: int = Field(1, ge=1, description="Generation actors (async, autoscaled).")
     max_actors: int = Field(2, ge=1)
-    inflight: Literal["adaptive", "fixed"] = Field(
-        "adaptive", description="adaptive: each actor's rows in flight follow the engines' "
-        "load, reported with every result (running, queued, token usage, retractions): "
-        "grown while they have room and a short queue, cut when an engine retracts or its "
-        "KV pool is near full with a queue past its target, within [1, inflight_rows_per_actor] "
-        "(jobs/pipeline/inflight.py). fixed: always inflight_rows_per_actor.")
+    inflight: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="fixed: always inflight_rows_per_actor. adaptive "
+        "(experimental, opt-in: it has not yet met its throughput targets, BENCHMARKS.md "
+        "'Rows in flight that follow the engines' KV pool'): each actor's rows in flight "
+        "follow the engines' load, reported with every result (running, queued, token "
+        "usage, retractions): grown while they have room and a short queue, cut when an "
+        "engine retracts or its KV pool is near full with a queue past its target, within "
+        "[1, inflight_rows_per_actor] (jobs/pipeline/inflight.py).")
     inflight_rows_per_actor: int = Field(
         128, ge=1, description="Requests each actor keeps in flight (job.inflight fixed), or "
         "the most it may keep (adaptive); total should exceed replicas x "

@@ -139,7 +139,7 @@ class StageSettings:
     every_turn: bool = False      # job.regenerate every_turn: rows carry turns (jobs/pipeline/turns.py)
     settings: tuple[Setting, ...] = ()  # job.sampling's (jobs/pipeline/sampling_mix.py);
                                   # () = the one of ``sampling`` (a hand-built stage)
-    inflight: str = "adaptive"    # job.inflight: rows in flight follow the engines' load, or fixed
+    inflight: str = "fixed"       # job.inflight: fixed, or follow the engines' load (adaptive)
 
     @property
     def strategy(self) -> Strategy:
