@@ -13,12 +13,14 @@ from typing import Any, Optional
 import pytest
 
 from contract.config import SimulatorEngineConfig
+from serve_apps import engine_deployment as deployment
 from serve_apps.canary import PROMPTS
 from serve_apps.engine_client import EngineOutput
 from serve_apps.engine_deployment import EngineReplica
 from serve_apps.engine_resolution import EngineResolvedOtherwise
 from contract.outcomes import EngineBadRequest, EngineDead, EngineUnavailable, route
 from contract.protocol import GenerateRequest
+from tests.support.virtual_time import VirtualClock, run_virtual
 
 
 class FakeClient:
@@ -146,12 +148,48 @@ def test_a_bug_on_one_row_is_a_replica_error_result_not_a_failed_call():
     assert result["error_message"].startswith("KeyError")
 
 
-def test_engine_death_raises_engine_dead():
+class DyingClient(FakeClient):
+    """The engine process dies while a row is in it: the request fails, the process is gone."""
+
+    def __init__(self, backend: FakeBackend) -> None:
+        super().__init__()
+        self.backend, self.calls = backend, 0
+
+    async def generate(self, *args: Any, **kwargs: Any) -> EngineOutput:
+        self.calls += 1
+        self.backend.alive = False
+        raise EngineUnavailable("connection refused")
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+async def _timed(coro) -> tuple[float, BaseException]:
+    began = asyncio.get_running_loop().time()
+    try:
+        await coro
+    except BaseException as exc:  # noqa: BLE001 - the test reads what it raised
+        return asyncio.get_running_loop().time() - began, exc
+    raise AssertionError("expected EngineDead")
+
+
+def test_engine_death_holds_the_row_then_raises_engine_dead(monkeypatch, clock):
+    """Serve replaces the replica only after its health checks fail three times; a row
+    refused at once would make the replica look idle and draw every retry meanwhile (the
+    soak: one engine of two killed, 54% of a window failed, the breaker ended the run).
+    The row that met the death and every later one are held, the later ones without
+    asking the dead engine."""
+    monkeypatch.setattr(deployment, "DRAIN_HOLD_S", 30.0)
     replica, backend = _replica()
-    backend.client.answer = EngineUnavailable("connection refused")
-    backend.alive = False
-    with pytest.raises(EngineDead, match="connection refused"):
-        asyncio.run(replica.generate(_request()))
+    replica.client = replica.generator.client = DyingClient(backend)
+    held, exc = run_virtual(lambda: _timed(replica.generate(_request("k1"))), clock)
+    assert isinstance(exc, EngineDead) and "connection refused" in str(exc)
+    assert held == pytest.approx(30.0)
+    held, exc = run_virtual(lambda: _timed(replica.generate(_request("k2"))), clock)
+    assert isinstance(exc, EngineDead) and "illegal memory access" in str(exc)
+    assert held == pytest.approx(30.0) and replica.client.calls == 1
 
 
 def test_an_unavailable_but_living_engine_is_a_retryable_row_error():
@@ -210,7 +248,6 @@ def test_a_replica_whose_outputs_are_mostly_broken_drains_itself(monkeypatch):
     with pytest.raises(EngineDead, match=r"drained: 4 of its last 4 outputs were flagged "
                                          r"\(missing_think_end 4;"):
         asyncio.run(replica.check_health())  # Serve replaces the replica and its engine
-    import serve_apps.engine_deployment as deployment
     monkeypatch.setattr(deployment, "DRAIN_HOLD_S", 0.01)  # held until Serve stops it
     with pytest.raises(EngineDead, match="drained"):
         asyncio.run(replica.generate(_request("k4")))  # the job retries it elsewhere
