@@ -3,8 +3,9 @@ simulator app on 127.0.0.1: the request path a replica takes, in the unit tier."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from aiohttp import web
 
@@ -31,3 +32,24 @@ async def simulator_generator(settings: SimulatorSettings,
     finally:
         await client.close()
         await runner.cleanup()
+
+
+def run_recording(settings: SimulatorSettings,
+                  calls: Callable[[Generator, list[dict]], Awaitable[Any]],
+                  render: Optional[Callable] = None) -> Any:
+    """``calls(generator, sent)`` against the simulator, ``sent`` collecting the /generate
+    bodies it received; ``render`` replaces the generator's prompt renderer."""
+    sent: list[dict] = []
+
+    @web.middleware
+    async def record(request, handler):
+        if request.path == "/generate":
+            sent.append(await request.json())
+        return await handler(request)
+
+    async def go():
+        async with simulator_generator(settings, [record]) as gen:
+            if render is not None:
+                gen._render = render
+            return await calls(gen, sent)
+    return asyncio.run(go())

@@ -5,16 +5,12 @@ the simulator's real aiohttp app on 127.0.0.1, in this process."""
 
 from __future__ import annotations
 
-import asyncio
-
-from aiohttp import web
-
 from contract.protocol import GenerateRequest
 from contract.simulator_settings import SimulatorSettings
 from serve_apps.engine_client import generate_body
 from serve_apps.engines.simulator import tokenizer as tk
 from tests.support import sglang_cpu
-from tests.support.sim_generator import simulator_generator
+from tests.support.sim_generator import run_recording
 
 SETTINGS = SimulatorSettings(context_length=256, time_scale=0.0, accept_length=0.0,
                              length_median_tokens=30.0, enable_strict_thinking=True)
@@ -31,18 +27,7 @@ def test_the_budget_is_a_request_field_not_a_sampling_param():
 
 def _run(calls, settings: SimulatorSettings = SETTINGS):
     """``calls(generator, sent)`` against the simulator; ``sent``: the /generate bodies."""
-    sent: list[dict] = []
-
-    @web.middleware
-    async def record(request, handler):
-        if request.path == "/generate":
-            sent.append(await request.json())
-        return await handler(request)
-
-    async def go():
-        async with simulator_generator(settings, [record]) as gen:
-            return await calls(gen, sent)
-    return asyncio.run(go())
+    return run_recording(settings, calls)
 
 
 def _request(budget, max_new: int, output: list[int] | None = None) -> GenerateRequest:

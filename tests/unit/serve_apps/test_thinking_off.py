@@ -7,17 +7,13 @@ app on 127.0.0.1, in this process."""
 
 from __future__ import annotations
 
-import asyncio
-
-from aiohttp import web
-
 from contract.protocol import GenerateRequest
 from contract.simulator_settings import SimulatorSettings
 from serve_apps.chat_format import render_prompt
 from serve_apps.engine_client import generate_body
 from serve_apps.engines.simulator import tokenizer as tk
 from serve_apps.output_watch import OutputWatch, result_flags
-from tests.support.sim_generator import simulator_generator
+from tests.support.sim_generator import run_recording
 
 SETTINGS = SimulatorSettings(context_length=512, time_scale=0.0, accept_length=0.0,
                              length_median_tokens=40.0, enable_strict_thinking=True)
@@ -38,20 +34,7 @@ def test_the_builtin_template_closes_the_thinking_in_the_prompt():
 
 
 def _run(calls, render=None):
-    sent: list[dict] = []
-
-    @web.middleware
-    async def record(request, handler):
-        if request.path == "/generate":
-            sent.append(await request.json())
-        return await handler(request)
-
-    async def go():
-        async with simulator_generator(SETTINGS, [record]) as gen:
-            if render is not None:
-                gen._render = render
-            return await calls(gen, sent)
-    return asyncio.run(go())
+    return run_recording(SETTINGS, calls, render)
 
 
 def _chat(sampling: dict, max_new: int = 256) -> GenerateRequest:
