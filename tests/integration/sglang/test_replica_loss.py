@@ -51,22 +51,25 @@ def test_engine_sigkilled_mid_run_is_replaced_and_nothing_is_lost(real_config, s
     before = {handle.info.remote().result()["replica"] for _ in range(8)}
     store = store_of(tree)
     seen: dict = {}
+    run_over = threading.Event()
 
-    def mid_run_target():
-        # Rows durable AND an engine with rows inside it, seen in one poll: those rows
-        # must be retried (an idle engine, e.g. near the end of the run, proves nothing
-        # about them). CI ran all 96 rows in 15 s: two separate waits missed the window.
-        completed = (store.read_json("progress.json") or {}).get("completed", 0)
-        if not completed:
-            return None
+    def busy_engine():
+        # An engine with rows inside it: those rows must be retried (an idle engine, e.g.
+        # near the end of the run, proves nothing about them). Not also durable rows: the
+        # rows finish together near the end (every block is in flight at once), and CI
+        # ran all 96 in 14 s with the first 16 durable at 10 s: a kill that waited for
+        # both never came (the wait then held the test 180 s after the run was over).
+        if run_over.is_set():
+            return "run over"
         info = handle.info.remote().result()
-        return (completed, info) if info["inflight"] > 0 else None
+        return info if info["inflight"] > 0 else None
 
     def kill_one_engine():
         try:
-            seen["completed"], info = wait_until(
-                mid_run_target, 180, "durable rows and an engine with rows in flight",
-                poll_s=0.05)
+            info = wait_until(busy_engine, 180, "an engine with rows in flight", poll_s=0.05)
+            if info == "run over":
+                raise AssertionError("the run ended before an engine was seen with rows in it")
+            seen["completed"] = (store.read_json("progress.json") or {}).get("completed", 0)
             guard = info["engine_pid"]             # engine_guard leads the engine's group
             server = _children(guard)[0]           # python -m sglang.launch_server
             seen.update(guard=guard, group=group_pids(guard), replica=info["replica"])
@@ -76,10 +79,13 @@ def test_engine_sigkilled_mid_run_is_replaced_and_nothing_is_lost(real_config, s
 
     killer = threading.Thread(target=kill_one_engine)
     killer.start()
-    summary = run(tree)
-    killer.join()
+    try:
+        summary = run(tree)
+    finally:
+        run_over.set()
+        killer.join()
     assert "killer_error" not in seen, f"the kill did not happen: {seen['killer_error']!r}"
-    assert 0 < seen["completed"] < ROWS, "the kill must land mid-run"
+    assert seen["completed"] < ROWS, "the kill must land mid-run"
     assert len(seen["group"]) >= 3, seen  # guard, server, scheduler, detokenizer, ...
     # SGLang's own processes die with their server; the guard exits too.
     wait_until(lambda: not group_pids(seen["guard"]), 60,
