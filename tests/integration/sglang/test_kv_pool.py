@@ -4,7 +4,7 @@ The small pool's real engine of the scripted model (conftest.small_pool: a KV po
 1,024 tokens admitting at SGLang's --schedule-conservativeness 0.05, shared with the
 smoke's capacity trial), called directly, and a simulator with the same pool, context,
 running cap and conservativeness. Sixteen requests of 20 prompt tokens and a 230-token
-budget, 50 ms apart, cannot all run in 1,024 tokens. Each is admitted when its prompt and
+budget, a few decode steps apart, cannot all run in 1,024 tokens. Each is admitted when its prompt and
 whole budget fit beside the running ones' budgets at SGLang's new-token ratio (0.035 at
 first here); budget-bound requests (the scripted model continues a word forever) then
 outgrow the pool in decode, and both schedulers retract some and still finish every
@@ -14,7 +14,8 @@ compared in order of magnitude, not exactly: the two schedulers' steps do not li
 this found it retracting ignore_eos requests that SGLang never retracts; at
 conservativeness 0.05 it found the simulator retracting 12 of 16 requests where SGLang
 retracted 1 (it charged a candidate at the ratio, not at its whole budget); measured
-since, 3 and 3.
+since (requests 12 decode steps apart), real 7-8 and simulator 5, idle and beside two
+CPU hogs alike.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ REQUESTS, PROMPT, BUDGET = 16, 20, 230
 # the requests one pass admits their whole budgets, so a wave arriving at once never
 # outgrows the pool (the simulator imitates that; a barrier start had SGLang split the
 # wave over its passes as its HTTP and tokenizer stages delivered it, the simulator not).
-ARRIVAL_GAP_S = 0.05
+# Apart in each engine's own decode steps, not in seconds: how far the running requests
+# have grown when the next one asks decides whether it fits, and a real engine's step
+# is 3-4x longer on a loaded machine. At a fixed 50 ms a loaded fresh-clone run saw the
+# real engine retract 12 (every request admitted before the first had grown) against the
+# simulator's 2 (idle, 3 and 3).
+ARRIVAL_GAP_STEPS = 12
+CALIBRATION_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +74,27 @@ def _retracted_total(url: str) -> float:
                if s.name == "sglang:num_retracted_requests_total")
 
 
+def _step_s(url: str) -> float:
+    """The engine's decode step now: one request alone, CALIBRATION_TOKENS long, timed."""
+    began = time.monotonic()
+    status, body = http(url, "/generate", {
+        "input_ids": [sglang_cpu.WORD] * PROMPT, "sampling_params": {
+            "max_new_tokens": CALIBRATION_TOKENS, "temperature": 0, "ignore_eos": True}},
+        timeout=120)
+    assert status == 200, body
+    return (time.monotonic() - began) / CALIBRATION_TOKENS
+
+
 def _burst(url: str, ignore_eos: bool) -> tuple[list[dict], float, float]:
-    """The requests ARRIVAL_GAP_S apart: (their meta_info, the peak token usage seen, the
-    engine's retraction counter's increase)."""
+    """The requests ARRIVAL_GAP_STEPS of the engine's decode steps apart: (their meta_info,
+    the peak token usage seen, the engine's retraction counter's increase)."""
+    gap_s = ARRIVAL_GAP_STEPS * _step_s(url)
     before = _retracted_total(url)
     metas: list = [None] * REQUESTS
     began = time.monotonic()
 
     def send(i: int) -> None:
-        time.sleep(max(0.0, began + i * ARRIVAL_GAP_S - time.monotonic()))
+        time.sleep(max(0.0, began + i * gap_s - time.monotonic()))
         status, body = http(url, "/generate", {
             "input_ids": [sglang_cpu.WORD + i] * PROMPT, "sampling_params": {
                 "max_new_tokens": BUDGET, "temperature": 0, "ignore_eos": ignore_eos}},
@@ -94,7 +113,8 @@ def _burst(url: str, ignore_eos: bool) -> tuple[list[dict], float, float]:
         time.sleep(0.05)
     for t in threads:
         t.join()
-    print(f"burst on {url}: {time.monotonic() - began:.1f} s, peak usage {usage:.2f}")
+    print(f"burst on {url}: requests {gap_s * 1000:.0f} ms apart, "
+          f"{time.monotonic() - began:.1f} s, peak usage {usage:.2f}")
     assert all(m["completion_tokens"] == BUDGET for m in metas), metas
     return metas, usage, _retracted_total(url) - before
 
