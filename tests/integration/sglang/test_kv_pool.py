@@ -75,10 +75,11 @@ def _retracted_total(url: str) -> float:
 
 
 def _step_s(url: str) -> float:
-    """The engine's decode step now: one request alone, CALIBRATION_TOKENS long, timed."""
+    """The engine's decode step now: one request alone, CALIBRATION_TOKENS long, timed
+    (a prompt of its own: none of the burst's finds it in the radix cache)."""
     began = time.monotonic()
     status, body = http(url, "/generate", {
-        "input_ids": [sglang_cpu.WORD] * PROMPT, "sampling_params": {
+        "input_ids": [sglang_cpu.WORD + REQUESTS] * PROMPT, "sampling_params": {
             "max_new_tokens": CALIBRATION_TOKENS, "temperature": 0, "ignore_eos": True}},
         timeout=120)
     assert status == 200, body
