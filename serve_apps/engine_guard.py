@@ -69,6 +69,27 @@ def _kill_group(child: subprocess.Popen) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)  # also ends the guard itself
 
 
+def _kill_leftovers() -> None:
+    """SIGKILL every process of the guard's group but the guard. Called once the engine
+    has exited by itself: what it leaves in the group (a worker it spawned and did not
+    take down, as SGLang's detokenizer outlived a server whose start a loaded machine cut
+    short) is an orphan holding the engine's memory, a GPU's on a real node. Linux reads
+    the group from /proc; elsewhere there is nothing to read and nothing is done."""
+    me, group = os.getpid(), os.getpgid(0)
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            if pid != me and int(stat[stat.rfind(")") + 2:].split()[2]) == group:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--parent-pid", type=int, required=True)
@@ -85,6 +106,7 @@ def main(argv: list[str]) -> int:
     while True:
         code = child.poll()
         if code is not None:
+            _kill_leftovers()
             return code
         if not _parent_alive(args.parent_pid):
             # No logging first: our stdout is a pipe to the dead replica (EPIPE).

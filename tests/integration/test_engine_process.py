@@ -241,3 +241,31 @@ def test_replica_thread_that_started_the_engine_may_exit(tmp_path):
     replica.send_signal(signal.SIGKILL)
     replica.wait()
     assert _wait_dead(pids, timeout_s=20) == [], "guard or engine outlived the replica"
+
+
+def test_an_engine_that_exits_by_itself_leaves_nothing_of_its_group(tmp_path):
+    """An engine whose own worker outlives it (a loaded run left SGLang's detokenizer
+    behind a server whose start was cut short): the guard returns the engine's exit code
+    and takes the rest of the group down with it."""
+    pid_file = tmp_path / "worker.pid"
+    engine = textwrap.dedent(f"""
+        import subprocess, sys
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open({str(pid_file)!r}, "w").write(str(worker.pid))
+        sys.exit(3)
+    """)
+    guard = subprocess.Popen([sys.executable, "-m", "serve_apps.engine_guard", "--parent-pid",
+                              str(os.getpid()), "--", sys.executable, "-c", engine],
+                             start_new_session=True)  # as the replica starts it
+    try:
+        assert guard.wait(timeout=60) == 3  # the engine's own code
+        worker = int(pid_file.read_text())
+        assert _wait_dead([worker]) == [], "the engine's worker outlived its engine and guard"
+    finally:
+        if guard.poll() is None:
+            guard.kill()
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
