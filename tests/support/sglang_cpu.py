@@ -26,6 +26,10 @@ SMALL_POOL_CONSERVATIVENESS = 0.05
 # (topk 1: SGLang resolves num_draft_tokens to steps + 1 = 2).
 SPECULATIVE = {"algorithm": "STANDALONE", "num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 2}
 SERVED_NAME = "tiny-scripted"
+# An engine start: ~25 s idle. Beside a CPU-bound process and the suite (load ~40 on 2
+# cores) a replacement engine had not answered /health after 300 s, and each retry Serve
+# made started it again from nothing (test_replica_loss waited 600 s for one that never came).
+START_TIMEOUT_S = 900
 
 # A chat prompt ends in "<think>\n": the scripted model thinks a..z, closes, answers A..J.
 REASONING = "abcdefghijklmnopqrstuvwxyz"
@@ -46,7 +50,7 @@ def engine_section(model_path: str, **overrides: Any) -> dict[str, Any]:
             "served_model_name": SERVED_NAME, "chat_template": "builtin",
             "reasoning_parser": "qwen3", "context_length": CONTEXT,
             "max_total_tokens": 16384, "max_running_requests": 16,
-            "start_timeout_s": 300, "request_timeout_s": 120,
+            "start_timeout_s": START_TIMEOUT_S, "request_timeout_s": 120,
             "extra_args": extra, **overrides}
 
 
@@ -67,6 +71,10 @@ def small_pool_engine_section(model_path: str) -> dict[str, Any]:
 
 
 WORD = tk.WORD_BASE + 5  # the scripted model continues words forever: outputs reach the budget
+# A raw request's bound: up to ~250 tokens of a real CPU engine, speculative or not. Idle it
+# answers in a few seconds; beside a CPU-bound process and the suite (load ~40 on 2 cores)
+# the speculative engine's 154-token answer took more than 30 s (http's default).
+REQUEST_TIMEOUT_S = 300
 
 
 def engine_answer(url: str, n_input: int, budget: int) -> tuple[int, Optional[int]]:
@@ -75,7 +83,8 @@ def engine_answer(url: str, n_input: int, budget: int) -> tuple[int, Optional[in
     from tests.support.simulator import http
     status, body = http(url, "/generate", {
         "input_ids": [WORD] * n_input, "rid": f"edge-{n_input}-{budget}",
-        "sampling_params": {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}})
+        "sampling_params": {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}},
+        timeout=REQUEST_TIMEOUT_S)
     if status != 200:
         return status, None
     finish = body["meta_info"]["finish_reason"]
@@ -88,7 +97,8 @@ def output_ids(url: str, input_ids: list[int], budget: int) -> list[int]:
     directly (no Serve, no raygen client)."""
     from tests.support.simulator import http
     status, body = http(url, "/generate", {
-        "input_ids": input_ids, "sampling_params": {"max_new_tokens": budget, "temperature": 0}})
+        "input_ids": input_ids, "sampling_params": {"max_new_tokens": budget, "temperature": 0}},
+        timeout=REQUEST_TIMEOUT_S)
     assert status == 200, body
     return body["output_ids"]
 

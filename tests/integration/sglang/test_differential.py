@@ -47,7 +47,8 @@ def real(sglang_pool) -> str:
 
 def both(real: str, sim, input_ids: list[int], sampling: dict[str, Any]):
     body = generate_body(input_ids, sampling, rid=f"diff-{time.time_ns()}")
-    return http(real, "/generate", body), http(sim.base, "/generate", body)
+    return (http(real, "/generate", body, timeout=sglang_cpu.REQUEST_TIMEOUT_S),
+            http(sim.base, "/generate", body, timeout=sglang_cpu.REQUEST_TIMEOUT_S))
 
 
 def _types(value: Any) -> Any:
