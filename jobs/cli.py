@@ -38,7 +38,8 @@ COMMANDS = {  # name: (one-line help, examples)
     "status": ("show a run's progress (counts, rate, ETA)",
                ["raygen status --config FILE", "raygen status s3://bucket/runs/demo"]),
     "report": ("end-of-run report, with what-if forecasts per cap",
-               ["raygen report --config FILE --what-if 5120,6144,8192"]),
+               ["raygen report --config FILE --what-if 5120,6144,8192",
+                "raygen report --config NEW.yaml --compare s3://bucket/runs/baseline"]),
     "finalize": ("write <run>/final/: one row per prompt + manifest.json",
                  ["raygen finalize --config FILE"]),
     "tune": ("sweep one engine of the config on the run's prompts; recommend its running "

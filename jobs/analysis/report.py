@@ -1,7 +1,7 @@
 """End-of-run report: what the run's files say about its outputs, and what a cap change would do.
 
     python -m jobs.analysis.report <run> [--config FILE] [--what-if 5120,6144,8192,16384]
-                                   [--trainer-max-length 2048,4096]
+                                   [--trainer-max-length 2048,4096] [--compare OTHER]
 
 Design decisions:
 - Every figure is computed over the latest version per key, the row's current state:
@@ -29,6 +29,11 @@ Design decisions:
   the cost at job.price_per_gpu_hour; the what-if prices each cap at that rate (per
   1,000 rows, and continuing this run's truncated rows to it). The thinking-budget and
   trainable-token sections give busy GPU time from the rows' own latency (token_yield).
+- --compare OTHER: this run and another side by side on the prompts both hold (accept
+  length, truncation, output tok/s; overall and per category): jobs.analysis.compare,
+  report.json's "compare" section. Accept length is given overall, per category and per
+  sampling setting (one definition, compare.accept_length); not by output position:
+  a row records one verify count per version, so the rows cannot say it.
 - Files go to the run prefix (report.json, report.md, report_lengths.png) with atomic
   writes, so a report is either the old one or the new one, never half of each.
 """
@@ -48,7 +53,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.analysis import gpu_hours
+from jobs.analysis import compare, gpu_hours
 from jobs.analysis.forecast import forecast_report
 from jobs.analysis.numbers import rounded
 from jobs.analysis.run_cli import add_run_args, fail, open_args, require_run
@@ -143,8 +148,6 @@ def group_stats(df: pd.DataFrame) -> dict[str, Any]:
     cut = finish == "length"
     done_thinking = df["finished_thinking"].fillna(False).astype(bool)
     ct = df["completion_tokens"].astype(float)
-    spec = df["spec_verify_ct"].astype(float)
-    has_spec = spec.notna() & (spec > 0)
     pct = (lambda c: rounded(100.0 * c / n)) if n else (lambda c: None)
     return {
         "rows": n,
@@ -157,8 +160,7 @@ def group_stats(df: pd.DataFrame) -> dict[str, Any]:
         "truncated_while_thinking": int((cut & ~done_thinking).sum()),
         "truncated_in_answer": int((cut & done_thinking).sum()),
         "degenerate": int((df["repetition_ratio"].astype(float) > DEGENERATE_REPETITION).sum()),
-        "accept_length": (rounded(ct[has_spec].sum() / spec[has_spec].sum())
-                          if has_spec.any() else None),
+        "accept_length": compare.accept_length(ct, df["spec_verify_ct"]),
         "continued_rows": int((df["continuations"].fillna(0) > 0).sum()),
         "continuations": int(df["continuations"].fillna(0).sum()),
     }
@@ -412,7 +414,60 @@ def render_markdown(rep: dict[str, Any]) -> str:
     lines += budgets_md(rep.get("thinking_budgets") or [])
     lines += _problems_md(rep) + _yield_md(rep.get("token_yield"))
     lines += _forecast_md(rep["forecast"]) + _trainable_forecast_md(rep["forecast"])
+    lines += _compare_md(rep.get("compare"))
     return "\n".join(lines)
+
+
+COMPARE_HEADERS = ["", "shared rows", "accept len (this / other)", "accept len ratio",
+                   "truncated % (this / other)", "mean output tok (this / other)",
+                   "request tok/s (this / other)"]
+
+
+def _pair(g: dict[str, Any], field: str, nd: int, scale: float = 1.0) -> str:
+    a, b = (g[side][field] for side in compare.SIDES)
+    return " / ".join(_fmt(None if x is None else x * scale, nd) for x in (a, b))
+
+
+def _compare_row(name: str, g: dict[str, Any]) -> list[str]:
+    return [name, _fmt(g["rows"]), _pair(g, "accept_length", 2),
+            _fmt(g["accept_length_ratio"], 3, "x"), _pair(g, "truncated_fraction", 1, 100.0),
+            _pair(g, "mean_output_tokens", 1), _pair(g, "request_output_tok_per_s", 1)]
+
+
+def _compare_md(c: Optional[dict[str, Any]]) -> list[str]:
+    """The --compare section: this run and OTHER on the prompts both hold."""
+    if not c:
+        return []
+    cats = list(c["by_category"].items())
+    lines = [f"## Compared with {c['other']} (the prompts both runs hold)", "",
+             f"{c['shared']:,} prompts in both runs (joined on key and sample, the latest "
+             f"version of each); {c['only_in_run']:,} only in this run and "
+             f"{c['only_in_other']:,} only in the other, left out"
+             + (f"; {c['prompt_differs']:,} with the same key but another prompt in each "
+                f"run, left out" if c["prompt_differs"] else "") + ".", ""]
+    lines += _table(COMPARE_HEADERS, [_compare_row("all", c["overall"])]
+                    + [_compare_row(k, g) for k, g in cats[:MD_MAX_CATEGORIES]])
+    if len(cats) > MD_MAX_CATEGORIES:
+        lines += [f"({len(cats) - MD_MAX_CATEGORIES} smaller categories in report.json)", ""]
+    rates = [c["throughput"][side] for side in compare.SIDES]
+    if all(r["output_tok_per_s_per_gpu"] for r in rates):
+        engines = any(r["unit"] == gpu_hours.ENGINE_UNIT for r in rates)
+        lines.append("- Output tok/s per GPU over the whole run (progress.json's output tokens "
+                     "per GPU-hour / 3,600: start-up and idle included, every prompt of the "
+                     f"run): this run {_fmt(rates[0]['output_tok_per_s_per_gpu'], 1)}, the "
+                     f"other {_fmt(rates[1]['output_tok_per_s_per_gpu'], 1)}"
+                     + (" (engine-h: per engine, a replica without a GPU)" if engines else "")
+                     + ".")
+    else:
+        missing = [name for name, r in zip(("this run", "the other"), rates)
+                   if not r["output_tok_per_s_per_gpu"]]
+        lines.append(f"- Output tok/s per GPU: not recorded for {' and '.join(missing)} "
+                     f"(progress.json has no gpu_hours); request tok/s above is the rows' own.")
+    return lines + [
+        "- Accept length: output tokens / verify steps, summed over the rows that recorded "
+        "verify counts (- : none did, no speculative decoding). Request tok/s: output "
+        "tokens / seconds in the replica (queueing and prefill included), summed: it "
+        "depends on the load each run ran at.", ""]
 
 
 YIELD_HEADERS = ["", "rows", "output tok", "trainable tok", "trainable %", "cut tok",
@@ -598,6 +653,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "output), e.g. 2048,4096: per category the output tokens it "
                              "trains on and cuts, their GPU time, and the what-if in "
                              "trainable tokens")
+    parser.add_argument("--compare", default=None, metavar="OTHER",
+                        help="another run to read side by side on the prompts both hold "
+                             "(accept length, truncation, output tok/s; overall and per "
+                             "category): its run URI (reached like the run's) or its YAML "
+                             "config (FILE.yaml)")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -610,10 +670,17 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(args: argparse.Namespace) -> int:
     store = open_args(args)
     require_run(store)
+    other = compare.open_other(args.compare, args.config) if args.compare else None
     df, index = load_latest(store)
     if df.empty:
         fail(f"run {store.uri} has no completed rows yet: nothing to report")
+    try:  # before the report's figures: a refused comparison costs no forecast
+        compared = compare.compare_runs(store, other) if other is not None else None
+    except compare.CompareError as exc:
+        fail(str(exc))
     report = assemble(store, df, index, args.what_if, args.trainer_max_length or ())
+    if compared is not None:
+        report["compare"] = compared
     print(render_markdown(report))
     for uri in write_report(store, report, df):
         print(f"wrote {uri}")

@@ -99,8 +99,10 @@ def open_run(run_uri: str, config_path: Optional[str] = None) -> RunStore:
         fail(str(exc))
 
 
-def require_run(store: RunStore) -> None:
-    """Exit 1 unless the URI holds a run (progress.json or any data/failures/rejects)."""
+def require_run(store: RunStore, what: str = "") -> None:
+    """Exit 1 unless the URI holds a run (progress.json or any data/failures/rejects);
+    ``what``: the option that named it, said first (e.g. "--compare")."""
+    said = f"{what}: " if what else ""
     try:
         if store.read_json("progress.json") is not None:
             return
@@ -108,6 +110,6 @@ def require_run(store: RunStore) -> None:
                for kind in ("data", "failures", "rejects")):
             return
     except OSError as exc:  # unreachable endpoint, no credentials, no bucket
-        fail(f"cannot read {store.uri}: {exc}")
-    fail(f"no run at {store.uri} (no progress.json, data/, failures/ or rejects/); check the "
-         f"path: it is <job.output>/<job.run_name>")
+        fail(f"{said}cannot read {store.uri}: {exc}")
+    fail(f"{said}no run at {store.uri} (no progress.json, data/, failures/ or rejects/); "
+         f"check the path: it is <job.output>/<job.run_name>")
