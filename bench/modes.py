@@ -86,8 +86,11 @@ def measured(ctx: Context, result: ModeResult, count_tree: bool = True) -> Itera
         result.watch = watch
         result.retractions = watch.retractions()
         if watch.failed_scrapes:
-            result.notes.append(f"{watch.failed_scrapes} engine scrapes failed (an engine was "
-                                f"replaced during the mode: engine-side figures are invalid)")
+            # An engine replaced during the mode, or one that did not answer /metrics in
+            # bench.engines.scrape's 5 s (32 replicas on 2 cores: no engine was replaced).
+            result.notes.append(f"{watch.failed_scrapes} engine scrapes failed (an engine "
+                                f"replaced or unanswered in 5 s: engine-side figures are "
+                                f"invalid)")
         if count_tree:
             cpu = {c: after.cpu_s[c] - before.cpu_s[c] for c in COMPONENTS}
             # The benchmark's own threads run in the driver: not raygen's cost.

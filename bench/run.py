@@ -243,8 +243,10 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
                  dashboard_host="127.0.0.1", log_to_driver=False)
     machine_line, version = machine(), code_version()
     try:
+        deploy_began = time.monotonic()
         handle = deploy_or_attach(cfg.engine, cfg.serve)
         wait_running(opt.app_name)  # else run_job's deploy_or_attach would redeploy
+        deploy_s = time.monotonic() - deploy_began
         urls = engine_urls(handle, opt.replicas)
         # Only the simulator states its capacity; a real engine's is what it does.
         capacity = capacity_tok_s(urls) if opt.engine == "simulator" else None
@@ -310,6 +312,10 @@ def run_bench(opt: Options, argv: Optional[list[str]] = None) -> BenchResult:
         + (f"; Ray Data's coordinator {opt.data_coordinator} before each Ray Data mode"
            if own_ray else "") +
         ".",
+        "",
+        f"Deploy: {opt.replicas} replicas running in {deploy_s:.1f} s "
+        f"({deploy_s / opt.replicas:.2f} s per replica; Serve's controller starts them "
+        f"together, so this is the fan-out's cost, not one replica's).",
         "",
         f"Machine: {machine_line}.",
         "",
