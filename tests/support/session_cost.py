@@ -27,6 +27,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=4)
     parser.add_argument("--rows", type=int, default=240)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override of every session (a YAML value), e.g. "
+                             "--set engine.simulator.length_median_tokens=284")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAYGEN_WARM_START", "0")  # as the suite runs
     import ray
@@ -51,6 +54,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         def session() -> None:
             tree = helpers.run_config(tmp, endpoint, rows_file=str(rows),
                                       job={"rows_per_file": 16, "batch_size": 8})
+            for override in args.set:
+                _apply(tree, override)
             status = helpers.run(tree).status
             if status != "succeeded":
                 raise SystemExit(f"a session ended {status}")
@@ -63,7 +68,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                  ("RAY_ADDRESS", "RAY_USAGE_STATS_ENABLED")}
         print(f"{args.sessions} sessions of {args.rows} rows: {busy / args.sessions:.1f} "
               f"busy CPU-s and {wall / args.sessions:.1f} s wall per session; settings "
-              f"{knobs or 'Ray defaults'}")
+              f"{knobs or 'Ray defaults'}; overrides {args.set or 'none'}")
     finally:
         from ray import serve
         if ray.is_initialized():
@@ -73,6 +78,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             s3.terminate()
             s3.wait(timeout=10)
     return 0
+
+
+def _apply(tree: dict, override: str) -> None:
+    """``section.key=value`` into the config tree (the value read as YAML)."""
+    import yaml
+    path, sep, value = override.partition("=")
+    if not sep or not path:
+        raise SystemExit(f"--set {override!r}: expected SECTION.KEY=VALUE")
+    *parents, last = path.split(".")
+    node = tree
+    for name in parents:
+        node = node.setdefault(name, {})
+    node[last] = yaml.safe_load(value)
 
 
 if __name__ == "__main__":
