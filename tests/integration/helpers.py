@@ -23,21 +23,11 @@ from jobs.runs.run import Summary, run_job
 from jobs.io.run_store import RunStore
 
 BUCKET = "raygen-test"
-# The suite's simulated rows are the story's, LENGTH_SCALE times shorter: a median of
-# 2270 / 8 tokens at a budget of 4096 / 8 truncates the same ~18% (the lengths are
-# lognormal: scaling both keeps every share), and each token's time is 8x longer, so a
-# row lasts as long as at full length and every trial's timing is unchanged. What it
-# saves is per-token work the trials do not look at (the simulator's decode, token ids
-# through Serve, the integrity checks, Parquet, S3): one 240-row session 11.9 -> 9.6 busy
-# CPU-s (python -m tests.support.session_cost, with and without --set).
-LENGTH_SCALE = 8
-BUDGET = 4096 // LENGTH_SCALE   # run_config's job.max_new_tokens (the story's 4096)
-FAST_SIM = {"time_scale": 0.002 * LENGTH_SCALE, "accept_length": 3.0,
-            "length_median_tokens": 2270.0 / LENGTH_SCALE}
+FAST_SIM = {"time_scale": 0.002, "accept_length": 3.0}
 # Runs slow enough to interrupt mid-way (kills, SIGTERM, outages) share one app of their
 # own: switching the default app's engine settings back and forth would redeploy it.
 SLOW_APP = "raygen-slow"
-SLOW_ENGINE = {"simulator": {"time_scale": 0.01 * LENGTH_SCALE}}
+SLOW_ENGINE = {"simulator": {"time_scale": 0.01}}
 
 
 def run_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, run_name: str = "",
@@ -55,7 +45,7 @@ def run_config(tmp_path: Path, s3_endpoint: str, *, rows_file: str, run_name: st
                                   "target_ongoing_requests": 32}},
         "job": {"input": rows_file, "output": output or f"s3://{BUCKET}/runs",
                 "run_name": run_name or f"t-{uuid.uuid4().hex[:8]}",
-                "max_new_tokens": BUDGET, "batch_size": 16, "rows_per_file": 64,
+                "max_new_tokens": 4096, "batch_size": 16, "rows_per_file": 64,
                 "inflight_rows_per_actor": 96, "max_actors": 1,
                 "progress_interval_s": 1, "metrics_linger_s": 0,
                 # tests feed many bad lines to few rows on purpose; test_dry_run.py

@@ -143,10 +143,10 @@ def test_operator_mistakes_inserted_line_renamed_input_edited_prompt(
 @pytest.mark.slow
 def test_context_overflow_is_sent_again_after_a_context_change(ray_cluster, s3_endpoint,
                                                               tmp_path):
-    # prompt alone fits (~13K of 16384) but not with a 4096 budget: policy reject refuses
+    # prompt alone fits (~13K of 16384) but not with the 4096 budget: policy reject refuses
     long_row = json.dumps({"id": "long", "messages": [{"role": "user", "content": "y" * 13000}]})
     rows = write_prompts(tmp_path / "p.jsonl", 6, extra_lines=[long_row])
-    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), job={"max_new_tokens": 4096})
+    tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows))
     first = run(tree)
     failures = read(tree, "failures")
     assert list(failures.key) == ["long"] and failures.error_class[0] == "context_overflow"

@@ -1,5 +1,5 @@
-"""Token-exact continuation: a run at its budget continued to twice it equals, row for
-row, a run made at twice the budget from the start, and spends only the extra tokens."""
+"""Token-exact continuation: a run at 4096 continued to 8192 equals, row for row, a
+run made at 8192 from the start, and spends only the extra tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import pandas as pd
 
 from jobs.analysis.finalize import finalize
-from tests.integration.helpers import BUDGET, run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import read, run, store_of
 
 pytestmark = pytest.mark.integration
@@ -22,13 +22,13 @@ def test_continue_truncated_equals_a_long_run(ray_cluster, s3_endpoint, tmp_path
     rows = write_prompts(tmp_path / "p.jsonl", 100)
     short = run_config(tmp_path, s3_endpoint, rows_file=str(rows))
     long = run_config(tmp_path, s3_endpoint, rows_file=str(rows),
-                      job={"max_new_tokens": 2 * BUDGET})
+                      job={"max_new_tokens": 8192})
     run(short)
     before = read(short, "data")
     cut_before = before[before.finish_reason == "length"]
-    assert len(cut_before) > 5, "the shorter run should truncate some rows"
+    assert len(cut_before) > 5, "the 4096 run should truncate some rows"
 
-    summary = run(short, continue_truncated=True, max_total_tokens=2 * BUDGET)
+    summary = run(short, continue_truncated=True, max_total_tokens=8192)
     assert summary.status == "succeeded"
     # A continue session says what it wrote: new versions and the tokens they added.
     added = summary.progress["session_tokens_added"]
@@ -49,16 +49,16 @@ def test_continue_truncated_equals_a_long_run(ray_cluster, s3_endpoint, tmp_path
         assert cont.at[key, "answer"] == ref.at[key, "answer"]
     continued = cont[cont.continuations > 0]
     assert set(continued.index) == set(cut_before.key)
-    assert all(list(h) == [BUDGET, 2 * BUDGET] for h in continued.budget_history)
+    assert all(list(h) == [4096, 8192] for h in continued.budget_history)
     untouched = cont[cont.continuations == 0]
     assert (untouched.version == 0).all()
     # Spend: only the extra tokens were generated.
     extra = int(ref.completion_tokens.sum() - before.completion_tokens.sum())
-    new_tokens = int((continued.completion_tokens - BUDGET).sum())
+    new_tokens = int((continued.completion_tokens - 4096).sum())
     assert new_tokens == extra == added  # what the summary said the session added
 
-    # Idempotent: nothing left below twice the budget that ended by length.
-    again = run(short, continue_truncated=True, max_total_tokens=2 * BUDGET)
+    # Idempotent: nothing left below 8192 that ended by length.
+    again = run(short, continue_truncated=True, max_total_tokens=8192)
     assert again.progress["session_rows"] == 0
     assert len(read(short, "data")) == len(before) + len(continued)
 

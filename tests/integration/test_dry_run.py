@@ -15,7 +15,7 @@ import pytest
 from ray import serve
 
 from jobs import generate
-from tests.integration.helpers import BUCKET, BUDGET, run_config, write_prompts
+from tests.integration.helpers import BUCKET, run_config, write_prompts
 from tests.integration.helpers import read, run, store_of, write_yaml
 
 pytestmark = pytest.mark.integration
@@ -77,14 +77,14 @@ def test_dry_run_of_a_run_with_rows_plans_the_new_ones_and_writes_nothing(
                  "guard:     5.6% rejected, limit job.max_reject_fraction=0.1: ok",
                  "done:      12 ids already in data/, 0 open failures",
                  "generate:  5 prompts now",
-                 f"budget:    job.max_new_tokens={BUDGET}",
+                 "budget:    job.max_new_tokens=4096",
                  f"replicas:  2..2 (serve.autoscaling min/max) of simulator engine "
                  f"'sim-test', Serve app '{tree['serve']['app_name']}'"]:
         assert line in plain.stdout, plain.stdout
     retry = _dry_run(config, "--retry-failed")  # allowed: nothing failed, nothing to send
     assert retry.returncode == 0 and "generate:  0 prompts now" in retry.stdout, retry.stderr
-    budget = _dry_run(config, "--set", f"job.max_new_tokens={2 * BUDGET}")  # mixed budgets
-    assert budget.returncode == 1 and f"--continue-truncated --max-total-tokens {2 * BUDGET}" in \
+    budget = _dry_run(config, "--set", "job.max_new_tokens=8192")  # would mix budgets
+    assert budget.returncode == 1 and "--continue-truncated --max-total-tokens 8192" in \
         budget.stderr, budget.stderr
     # no rejects, inputs.json, lease or progress written; nothing rewritten
     assert _objects(s3_endpoint, prefix) == before

@@ -20,7 +20,7 @@ import pytest
 
 from jobs.config import parse_config
 from jobs.runs.run import RunError
-from tests.integration.helpers import (LENGTH_SCALE, assert_run_exact, engine_urls, read, replica_infos, run,
+from tests.integration.helpers import (assert_run_exact, engine_urls, read, replica_infos, run,
                                        run_config, set_faults, store_of, write_prompts,
                                        write_yaml)
 from tests.support.waiting import wait_until
@@ -32,9 +32,8 @@ APP = "raygen-owned"
 
 
 def _tree(tmp_path, s3_endpoint, rows, time_scale: float, name: str = "", **job) -> dict:
-    """``time_scale`` as for rows of the story's length (helpers.LENGTH_SCALE)."""
     return run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name=APP, run_name=name,
-                      engine={"simulator": {"time_scale": time_scale * LENGTH_SCALE}},
+                      engine={"simulator": {"time_scale": time_scale}},
                       job={"rows_per_file": 16, "batch_size": 8, "lease_timeout_s": 20, **job})
 
 

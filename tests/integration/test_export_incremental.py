@@ -16,7 +16,7 @@ from jobs.analysis import export_journal as ej
 from jobs.analysis import incremental_export as ie
 from jobs.analysis.export import Filters
 from jobs.io.storage import locate
-from tests.integration.helpers import (BUCKET, BUDGET, CLEAR_FAULTS, deploy, engine_urls, read, run,
+from tests.integration.helpers import (BUCKET, CLEAR_FAULTS, deploy, engine_urls, read, run,
                                        run_config, set_faults, store_of, write_prompts,
                                        write_yaml)
 from tests.support.waiting import wait_until
@@ -107,7 +107,7 @@ def test_exports_during_a_live_run_and_after_hold_each_key_once_at_its_latest(
     assert_latest(tree, live)
     exported_v0 = set(live)
     # continue the truncated rows: their new versions supersede the v0 records
-    assert run(tree, continue_truncated=True, max_total_tokens=2 * BUDGET).status == "succeeded"
+    assert run(tree, continue_truncated=True, max_total_tokens=8192).status == "succeeded"
     assert cli.main(argv) == 0
     assert "supersedes:" in capsys.readouterr().out
     batches, live = trainer_view(s3_endpoint, prefix)

@@ -18,7 +18,7 @@ from jobs.config import parse_config
 from jobs.pipeline.settings import RunMode
 from jobs.runs.run import RunError, run_job
 from jobs.io.schema import DATA
-from tests.integration.helpers import BUCKET, BUDGET, run_config, write_prompts
+from tests.integration.helpers import BUCKET, run_config, write_prompts
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ def test_job_writes_one_row_per_prompt_to_s3(e2e_run, s3_endpoint):
     assert list(df.columns) == DATA.names
     assert set(df["finish_reason"]) == {"stop", "length"}
     cut = df[df.finish_reason == "length"]
-    assert (cut["completion_tokens"] == BUDGET).all()
+    assert (cut["completion_tokens"] == 4096).all()
     assert (df["completion_tokens"] == df["output_token_ids"].map(len)).all()
     assert (df["replica"].nunique() == 2), "both replicas should serve rows"
     assert df["accept_length"].between(1, 5).all()
@@ -113,8 +113,8 @@ def test_the_runs_objects_go_up_in_one_request_each_and_its_quarantine_in_one_li
 
 def test_rerun_with_another_budget_is_refused(e2e_run):
     tree = copy.deepcopy(e2e_run[0])
-    tree["job"]["max_new_tokens"] = 2 * BUDGET
-    with pytest.raises(RunError, match=f"--continue-truncated --max-total-tokens {2 * BUDGET}"):
+    tree["job"]["max_new_tokens"] = 8192
+    with pytest.raises(RunError, match="--continue-truncated --max-total-tokens 8192"):
         run_job(parse_config(tree), RunMode(), _Never)
 
 

@@ -26,7 +26,7 @@ import pytest
 
 from cluster import local_stack
 from serve_apps.engine_process import free_port
-from tests.integration.helpers import LENGTH_SCALE, run_config, store_of, write_prompts, write_yaml
+from tests.integration.helpers import run_config, store_of, write_prompts, write_yaml
 from tests.integration.two_node import RAY_BIN, TwoNodeCluster, _node_ports
 from tests.support.waiting import wait_until
 
@@ -84,7 +84,7 @@ def submit(head, config: Path, *extra: str, **env: str) -> subprocess.CompletedP
 # this head. Slow enough (time_scale 0.02) that `ray job stop` lands mid-run; 40 rows
 # still take seconds.
 APP = "raygen-submit"
-ENGINE = {"simulator": {"time_scale": 0.02 * LENGTH_SCALE}}
+ENGINE = {"simulator": {"time_scale": 0.02}}
 
 
 def test_a_submitted_job_runs_and_uploads_only_the_code(head, s3_endpoint, tmp_path):

@@ -11,7 +11,7 @@ the alerts use:
 * ``crash``: a Ray driver running raygen's ProgressTracker + JobGauges, SIGKILLed once
   Prometheus has seen it running -> its gauges vanish with rows left, which is
   exactly what RaygenJobDriverGone looks for.
-* ``counted``: 150 prompts + 2 malformed lines, no errors, max_new_tokens helpers.BUDGET (some
+* ``counted``: 150 prompts + 2 malformed lines, no errors, max_new_tokens 4096 (some
   truncation). Its counters must agree exactly with its Parquet output.
 
 Then:

@@ -16,7 +16,7 @@ import pytest
 
 from jobs.config import StorageConfig
 from jobs.io.run_store import RunStore
-from tests.integration.helpers import LENGTH_SCALE, run_config, write_prompts
+from tests.integration.helpers import run_config, write_prompts
 from tests.integration.helpers import write_yaml
 from tests.integration.two_node import TwoNodeCluster, alive, run_name
 from tests.support.waiting import wait_until
@@ -59,7 +59,7 @@ def test_node_loss_mid_run_then_exact_rerun_and_no_engine_survives(
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(prompts), run_name=run_name(),
                       app_name="node-loss",
                       # Slow enough that the kill lands mid-run (~10-50 s of generation).
-                      engine={"simulator": {"time_scale": 0.1 * LENGTH_SCALE}},
+                      engine={"simulator": {"time_scale": 0.1}},
                       job={"rows_per_file": 16, "max_actors": 2})
     config = write_yaml(tmp_path / "job.yaml", tree)
     store = RunStore.for_run(tree["job"]["output"], tree["job"]["run_name"],

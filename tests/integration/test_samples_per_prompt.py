@@ -30,7 +30,7 @@ from jobs.io.samples import sample_seed
 from jobs.pipeline.sampling_mix import draw
 from jobs.runs.run import RunError
 from serve_apps.engines.simulator import tokenizer as tk
-from tests.integration.helpers import (BUDGET, generate_cmd, generate_main, read, run, run_config,
+from tests.integration.helpers import (generate_cmd, generate_main, read, run, run_config,
                                        slowed, store_of, write_prompts)
 from tests.support.waiting import wait_until
 
@@ -105,7 +105,7 @@ def test_four_samples_killed_resumed_continued_finalized_and_exported(
     # a rerun has nothing to do; a continuation extends each truncated sample alone
     cut = data[data["finish_reason"] == "length"]
     assert len(cut) > 0, "the story's length distribution truncates some samples"
-    summary = run(tree, continue_truncated=True, max_total_tokens=2 * BUDGET)
+    summary = run(tree, continue_truncated=True, max_total_tokens=8192)
     assert summary.status == "succeeded", summary.text
     latest = _latest(tree)
     assert len(latest) == PROMPTS * SAMPLES

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from jobs.runs.run import RunError
-from tests.integration.helpers import (LENGTH_SCALE, assert_run_exact, read, run, run_config, slowed,
+from tests.integration.helpers import (assert_run_exact, read, run, run_config, slowed,
                                        store_of, write_prompts)
 from tests.support.waiting import wait_until
 
@@ -113,7 +113,7 @@ def test_a_stopped_engine_is_replaced_and_the_run_completes_exactly(ray_cluster,
     # by Serve after its in-flight rows get graceful_shutdown_timeout_s (they never finish
     # on a stopped engine): 2 s, not Serve's 20 s, before they are retried elsewhere.
     tree = run_config(tmp_path, s3_endpoint, rows_file=str(rows), app_name="raygen-stopped-engine",
-                      engine={"simulator": {"time_scale": 0.01 * LENGTH_SCALE}, "request_timeout_s": 20},
+                      engine={"simulator": {"time_scale": 0.01}, "request_timeout_s": 20},
                       serve={"graceful_shutdown_timeout_s": 2},
                       job={"rows_per_file": 16, "batch_size": 8,
                            "retries": {"max_attempts": 8, "backoff_initial_s": 0.5,
