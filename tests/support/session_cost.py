@@ -29,7 +29,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rows", type=int, default=240)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a config override of every session (a YAML value), e.g. "
-                             "--set engine.simulator.length_median_tokens=2270")
+                             "--set engine.simulator.length_median_tokens=284")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAYGEN_WARM_START", "0")  # as the suite runs
     import ray
