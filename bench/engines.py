@@ -63,6 +63,15 @@ class EngineWatch:
         self.queued.append([m.get(QUEUED, 0.0) for m in scraped])
         self.retracted.append(sum(m.get(RETRACTED, 0.0) for m in scraped))
 
+    def trustworthy(self) -> bool:
+        """Whether rates over the series mean anything: no engine's counters went back (a
+        replaced engine counts from 0 again) and at most one scrape in ten failed (a
+        replaced engine's old URL fails every scrape after it). One scrape unanswered in
+        5 s only coarsens the series: a loaded fresh-clone run lost its steady tok/s to
+        one such scrape when any failure voided it."""
+        reset = any(b < a for a, b in zip(self.tokens, self.tokens[1:]))
+        return not reset and self.failed_scrapes <= 0.1 * (len(self.tokens) + self.failed_scrapes)
+
     def retractions(self) -> Optional[float]:
         """Requests the engines retracted between the first scrape and the last."""
         return self.retracted[-1] - self.retracted[0] if self.retracted else None

@@ -88,9 +88,10 @@ def measured(ctx: Context, result: ModeResult, count_tree: bool = True) -> Itera
         if watch.failed_scrapes:
             # An engine replaced during the mode, or one that did not answer /metrics in
             # bench.engines.scrape's 5 s (32 replicas on 2 cores: no engine was replaced).
-            result.notes.append(f"{watch.failed_scrapes} engine scrapes failed (an engine "
-                                f"replaced or unanswered in 5 s: engine-side figures are "
-                                f"invalid)")
+            result.notes.append(
+                f"{watch.failed_scrapes} engine scrapes failed (an engine replaced or "
+                f"unanswered in 5 s)" + ("" if watch.trustworthy() else
+                                         ": engine-side figures are invalid"))
         if count_tree:
             cpu = {c: after.cpu_s[c] - before.cpu_s[c] for c in COMPONENTS}
             # The benchmark's own threads run in the driver: not raygen's cost.

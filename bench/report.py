@@ -79,7 +79,7 @@ def figures(res: ModeResult, capacity_tok_s: Optional[float], plain_tok_s: Optio
     if done.size:
         t10, t90, t99 = (float(np.quantile(done, q)) for q in (0.10, 0.90, 0.99))
         window = (t10 - res.started_at, t90 - res.started_at)
-        steady = res.watch.rate(t10, t90) if res.watch and not res.watch.failed_scrapes else None
+        steady = res.watch.rate(t10, t90) if res.watch and res.watch.trustworthy() else None
         batch = res.watch.batch_stats(t10, t90, full_batch) if res.watch else None
         if steady is not None and capacity_tok_s:
             saturation = steady / capacity_tok_s

@@ -73,3 +73,17 @@ def test_the_anchor_is_the_best_plain_point_that_does_not_retract_and_targets_ar
                                                          inflight="adaptive, at most 8")])
     assert "0.900 (target >= 0.97: MISSED; no plain point retracted <= 1%" in missed
     assert "2.00% of rows (target <= 1%: MISSED)" in missed
+
+
+def test_a_rate_survives_one_unanswered_scrape_but_not_a_counter_reset_or_many_failures():
+    from bench.engines import EngineWatch
+    watch = EngineWatch(["http://127.0.0.1:1"])
+    watch.tokens = [float(t) for t in range(0, 2000, 100)]   # 20 scrapes, rising
+    assert watch.trustworthy()
+    watch.failed_scrapes = 1        # one scrape unanswered in 5 s (a loaded machine)
+    assert watch.trustworthy()
+    watch.failed_scrapes = 3        # 3 of 23: more than one in ten
+    assert not watch.trustworthy()
+    watch.failed_scrapes = 0
+    watch.tokens[10] = 50.0         # an engine replaced: its counter starts from 0 again
+    assert not watch.trustworthy()
