@@ -5,6 +5,10 @@ means for the config, and the table (pure: tests/unit/jobs/tune/).
   it finished (1%, the issue's bound; 0 when fewer than 100 rows finished): a retracted
   request gives back its KV and is prefilled again, and SGLang's throughput collapses
   under repeated retraction (SGLang #26248).
+- A point running as many requests at once as one that retracted, or more, is not clean
+  either, whatever its own count: the same pool holds no more rows there, and a short
+  point's zero is its sample's luck (a loaded fresh-clone run saw 3 retractions at 16 and
+  0 at 32 on a 7-row pool, and the sweep recommended 32).
 - Best = the clean point with the most output tok/s; among clean points within
   ``NEAR_BEST`` of it (3%, about a point's noise) the one running the fewest requests:
   the same throughput with room in the pool for the longer outputs a run gathers late.
@@ -39,6 +43,12 @@ def clean(p: Point) -> bool:
     return p.output_tok_s > 0 and p.retractions <= RETRACTION_TOLERANCE * p.rows
 
 
+def safe(p: Point, points: Sequence[Point]) -> bool:
+    """Clean, and running fewer requests at once than any point that retracted."""
+    retracted = [running_of(q) for q in points if q.output_tok_s > 0 and not clean(q)]
+    return clean(p) and all(running_of(p) < r for r in retracted)
+
+
 def running_of(p: Point) -> int:
     """Requests the point ran at once: its concurrency, at most its cap."""
     return min(p.concurrency, p.cap)
@@ -70,7 +80,7 @@ class Recommendation:
 def recommend(points: Sequence[Point], replicas: int, actors: int,
               gpus_per_engine: Optional[float] = None) -> Recommendation:
     measured = [p for p in points if p.output_tok_s > 0]
-    good = [p for p in measured if clean(p)]
+    good = [p for p in measured if safe(p, measured)]
     if not good:
         low = min((running_of(p) for p in points), default=None)
         note = (f"every point retracted (or generated nothing): even {low} requests at once "
@@ -167,7 +177,7 @@ def to_json(points: Sequence[Point], rec: Recommendation,
             gpus_per_engine: Optional[float]) -> dict[str, Any]:
     def one(p: Point) -> dict[str, Any]:
         tok = per_gpu(p, gpus_per_engine)
-        return dict(p.to_json(), output_tok_s_per_gpu=round(tok, 1), clean=clean(p),
+        return dict(p.to_json(), output_tok_s_per_gpu=round(tok, 1), clean=safe(p, points),
                     gpu_hours_per_1b_output_tokens=(None if gpu_hours_per_1b(tok) is None
                                                     else round(gpu_hours_per_1b(tok), 2)))
     return {"unit": unit(gpus_per_engine), "gpus_per_engine": gpus_per_engine,

@@ -38,6 +38,14 @@ def test_the_best_point_that_does_not_retract_and_what_it_means_for_the_config()
                "24,30,36,42,48" in n for n in rec.notes)
 
 
+def test_a_point_above_one_that_retracted_is_not_clean_even_with_no_retraction_of_its_own():
+    lucky = [point(4, 6_000), point(16, 15_600, retracted=3, rows=61),
+             point(32, 15_750, retracted=0, rows=64)]
+    rec = R.recommend(lucky, replicas=2, actors=2)
+    assert rec.point is lucky[0] and rec.cap == 4
+    assert [p["clean"] for p in R.to_json(lucky, rec, None)["points"]] == [True, False, False]
+
+
 def test_the_recommended_settings_pass_the_config_check():
     rec = R.recommend(POOL_BOUND, replicas=2, actors=2)
     tree = {"engine": {"kind": "simulator", "model_path": "sim-x"},
