@@ -3,8 +3,10 @@
 ``EngineWatch`` polls every engine's ``sglang:generation_tokens_total`` (and reads
 ``sglang:sim_capacity_tok_s``) every ``period_s`` in a background thread, so any
 window's engine-side output rate can be read afterwards by interpolating the
-counters at the window's edges. The thread's own CPU time is reported so the
-benchmark can subtract it from the driver's.
+counters at the window's edges. The engines are scraped side by side: serially, at 32
+replicas on 2 cores, one engine slow to answer held up the others' scrapes until the
+sample timed out and the steady rate was lost. The threads' own CPU time is reported so
+the benchmark can subtract it from the driver's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.request
 from typing import Optional
 
@@ -50,13 +53,25 @@ class EngineWatch:
         self.running: list[list[float]] = []  # per scrape, per engine
         self.queued: list[list[float]] = []
         self.retracted: list[float] = []  # per scrape, summed over the engines
-        self.thread_cpu_s = 0.0
+        self.thread_cpu_s = 0.0  # the watch's threads: the loop's and the scrapers'
         self.failed_scrapes = 0
+        self._scrape_cpu_s = 0.0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(urls))),
+                                        thread_name_prefix="bench-scrape")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-engines")
 
+    def _scrape(self, url: str) -> dict[str, float]:
+        cpu0 = time.thread_time()
+        try:
+            return scrape(url)
+        finally:
+            with self._lock:
+                self._scrape_cpu_s += time.thread_time() - cpu0
+
     def sample(self) -> None:
-        scraped = [scrape(u) for u in self.urls]
+        scraped = list(self._pool.map(self._scrape, self.urls))
         self.times.append(time.time())
         self.tokens.append(sum(m[GEN + "_total"] for m in scraped))
         self.running.append([m.get(RUNNING, 0.0) for m in scraped])
@@ -94,7 +109,7 @@ class EngineWatch:
                 self.sample()
             except Exception:  # noqa: BLE001 - a missed scrape only coarsens the series
                 self.failed_scrapes += 1
-            self.thread_cpu_s = time.thread_time() - cpu0
+            self.thread_cpu_s = time.thread_time() - cpu0 + self._scrape_cpu_s
             if self._stop.wait(self.period_s):
                 return
 
@@ -104,11 +119,14 @@ class EngineWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=10)
         try:
             self.sample()
         except Exception:  # noqa: BLE001 - an engine gone at the end is reported by the caller
             pass
+        finally:
+            self._pool.shutdown(wait=False)
 
     def tokens_at(self, t: float) -> Optional[float]:
         """The summed counter at wall time t, linear between scrapes."""

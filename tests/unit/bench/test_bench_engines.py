@@ -87,3 +87,44 @@ def test_a_rate_survives_one_unanswered_scrape_but_not_a_counter_reset_or_many_f
     watch.failed_scrapes = 0
     watch.tokens[10] = 50.0         # an engine replaced: its counter starts from 0 again
     assert not watch.trustworthy()
+
+
+def test_the_engines_are_scraped_side_by_side():
+    """One sample asks every engine at once: serially, at 32 replicas on 2 cores, one slow
+    engine held up the rest until the sample timed out. Four URLs of one slow server:
+    all four requests are in it together, and the sample sums their counters."""
+    import http.server
+    import threading
+    import time
+
+    from bench.engines import EngineWatch
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            time.sleep(0.3)
+            with lock:
+                state["now"] -= 1
+            body = b"sglang:generation_tokens_total 5\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        watch = EngineWatch([f"http://127.0.0.1:{server.server_port}"] * 4)
+        watch.sample()
+        watch.stop()  # its closing sample, then the scrapers go
+    finally:
+        server.shutdown()
+    assert state["most"] == 4
+    assert watch.tokens == [20.0, 20.0]
