@@ -369,6 +369,10 @@ class Session:
         cfg, store = self.cfg, self.store
         if self.lease is not None:
             self.lease.on_fence = self._on_fence
+        if threading.current_thread() is threading.main_thread():
+            # the fence and the watchdog stop the session with interrupt_main: a session
+            # not started through _init_ray (in-process, under `nohup ... &`) needs it too
+            interruptible_main_thread()
         self.progress = progress = self._track().start()
         url = dashboard_url(cfg.job.run_name, cfg.engine.model_name)
         if url:  # in the driver log, i.e. on the job's page of the Ray dashboard
