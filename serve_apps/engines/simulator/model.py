@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from array import array
+import struct
 from bisect import bisect_left
 from dataclasses import dataclass
 from hashlib import blake2b
@@ -286,3 +287,40 @@ def spec_fields(completion_tokens: int, accept_length: float | None, num_draft_t
         "spec_num_proposed_drafts": proposed,
         "spec_verify_ct": verify,
     }
+
+
+TOP_STEP = 0.75  # logprob gap between neighbouring alternatives
+_F32 = struct.Struct("f")
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32, as SGLang's logprobs are (float32 tensors, sent as floats)."""
+    return _F32.unpack(_F32.pack(x))[0]
+
+
+def logprobs(input_len: int, output_ids: Sequence[int], top_k: int) -> dict[str, Any]:
+    """The meta_info logprob fields SGLang 0.5.23 sends with ``return_logprob`` (no text:
+    return_text_in_logprobs false): per output token [logprob, id, None] and, top_k > 0,
+    its top_k alternatives sorted by logprob, the sampled token among them or below them.
+    Deterministic in each token and its position in the whole sequence (input + output),
+    so a continuation (prompt + earlier output sent as input) gets the one-shot values."""
+    sampled, tops = [], []
+    for i, token in enumerate(output_ids):
+        pos = input_len + i
+        h = ((token * 0x9E3779B1) ^ (pos * 0x85EBCA77)) & 0xFFFF
+        top1 = h % 3 != 0  # two tokens in three are the model's first choice
+        lp = _f32(-(h / 0xFFFF) * (0.7 if top1 else 2.3) - (0.0 if top1 else 0.7))
+        sampled.append([lp, token, None])
+        if top_k:
+            # Alternatives: other ids, below the sampled one (one above it when it was not
+            # the first choice); the top_k best, the sampled token included when it ranks.
+            alts = [((token + j) % tk.VOCAB_SIZE, _f32(lp - TOP_STEP * j)) for j in range(1, top_k + 1)]
+            if not top1:
+                alts[0] = (alts[0][0], _f32(lp / 2))
+            ranked = sorted([(token, lp)] + alts, key=lambda t: -t[1])[:top_k]
+            tops.append([[v, t, None] for t, v in ranked])
+    out: dict[str, Any] = {"input_token_logprobs": [], "output_token_logprobs": sampled,
+                           "output_token_logprobs_length": len(sampled)}
+    if top_k:
+        out.update(input_top_logprobs=[], output_top_logprobs=tops)
+    return out

@@ -71,6 +71,8 @@ class GenerateRequest:
     require_reasoning: bool = False
     max_thinking_tokens: int | None = None  # request field; needs strict thinking (server.py)
     sampling_seed: int | None = None  # sampling_params.sampling_seed: another seed, another output
+    return_logprob: bool = False  # output tokens' logprobs in meta_info (model.logprobs)
+    top_logprobs_num: int = 0  # with return_logprob: the top N per output token
 
 
 def parse_generate(body: Any) -> GenerateRequest:
@@ -107,7 +109,33 @@ def parse_generate(body: Any) -> GenerateRequest:
         require_reasoning=_opt_bool(body, "require_reasoning", False),
         max_thinking_tokens=_opt_u64(body, "max_thinking_tokens"),
         sampling_seed=sp.get("sampling_seed"),
+        return_logprob=_opt_bool(body, "return_logprob", False),
+        top_logprobs_num=_top_logprobs_num(body),
     )
+
+
+def _top_logprobs_num(body: dict) -> int:
+    """SGLang's top_logprobs_num (i64; default 0). ``logprob_start_len`` is checked like
+    SGLang's scheduler (not above the input's length) and otherwise ignored: the
+    simulator computes no input logprobs."""
+    n = _opt_i64(body, "top_logprobs_num") or 0
+    if n < 0:
+        raise RequestError(f"top_logprobs_num must be >= 0, got {n}.")
+    start = _opt_i64(body, "logprob_start_len")
+    if body.get("return_logprob") and start is not None and start > len(body.get("input_ids") or []):
+        raise RequestError(f"req.logprob_start_len={start} is higher than the number of input tokens "
+                           f"len(req.origin_input_ids)={len(body['input_ids'])}. Please use a smaller logprob_start_len.")
+    return n
+
+
+def _opt_i64(body: dict, key: str) -> int | None:
+    """A top-level i64 field of SGLang's typed contract."""
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ContractError(f"invalid type: {_serde_unexpected(v)}, expected i64")
+    return v
 
 
 STRICT_THINKING_NEEDED = "max_thinking_tokens requires the server to be launched with --enable-strict-thinking"

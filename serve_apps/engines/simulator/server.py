@@ -175,6 +175,8 @@ class Simulator:
             "e2e_latency": time.monotonic() - arrival,
             **spec,
         }
+        if req.return_logprob:  # where SGLang puts them: after the counts, before the timings
+            meta.update(model.logprobs(n_in, gen.output_ids, req.top_logprobs_num))
         # Timing keys SGLang adds (no streaming: the first token leaves with the last).
         finished_ts = time.time()
         meta.update(

@@ -269,3 +269,34 @@ def test_fault_endpoint_rejects_unknown_keys(sim_fast):
     assert_error(status, body, 400, "error_rate")
     status, body = sim_fast.call("/sim/faults")
     assert status == 200 and body["error_rate"] == 0.0
+
+
+def test_logprobs_only_when_asked_in_sglang_s_shape_and_exact_across_a_continuation(sim_fast):
+    ids = tk.encode(CHAT.format("logprobs"))
+    plain = gen(sim_fast, input_ids=ids, sampling_params={"max_new_tokens": 40})[1]
+    assert not any("logprob" in k for k in plain["meta_info"])  # nothing when not asked
+
+    def asked(input_ids, n, top):
+        return gen(sim_fast, input_ids=input_ids, return_logprob=True, top_logprobs_num=top,
+                   logprob_start_len=len(input_ids), sampling_params={"max_new_tokens": n})[1]
+    whole = asked(ids, 40, 5)
+    meta, out = whole["meta_info"], whole["output_ids"]
+    assert out == plain["output_ids"]  # asking changes no token
+    # SGLang 0.5.23: [logprob, token_id, text-or-null] per output token, no input ones.
+    assert meta["input_token_logprobs"] == [] and meta["output_token_logprobs_length"] == 40
+    assert [e[1] for e in meta["output_token_logprobs"]] == out
+    assert all(e[2] is None and e[0] <= 0 for e in meta["output_token_logprobs"])
+    for (lp, token, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        values = [e[0] for e in top]
+        assert len(top) == 5 and values == sorted(values, reverse=True)
+        assert len({e[1] for e in top}) == 5 and lp <= values[0]
+        assert (token in [e[1] for e in top]) == (lp >= values[-1])
+    assert "output_top_logprobs" not in asked(ids, 40, 0)["meta_info"]  # top 0: none
+    # A continuation (prompt + earlier output as input) gets the one-shot's values.
+    cut = asked(ids, 15, 5)
+    rest = asked(ids + cut["output_ids"], 25, 5)
+    for field in ("output_token_logprobs", "output_top_logprobs"):
+        assert cut["meta_info"][field] + rest["meta_info"][field] == meta[field]
+    status, body = gen(sim_fast, input_ids=ids, return_logprob=True, top_logprobs_num=-1,
+                       sampling_params={"max_new_tokens": 4})
+    assert_error(status, body, 400, "top_logprobs_num")
