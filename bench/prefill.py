@@ -31,7 +31,7 @@ from bench.prompts import cached_jsonl
 from jobs.config import RunConfig, StorageConfig
 from jobs.io import index_compact, part_summary
 from jobs.io.run_store import RunStore, part_name
-from jobs.io.schema import DATA, TIMESTAMP, TURN
+from jobs.io.schema import DATA, LOGPROB_COLUMNS, TIMESTAMP, TURN
 from jobs.io.run_index import RunIndex, row_ids
 from jobs.io.sources import MAX_LINE_BYTES
 from jobs.io.storage import list_files, locate, put_verified, read_bytes
@@ -100,6 +100,8 @@ def data_part(start: int, stop: int, cfg: RunConfig, settings_hash: str) -> pa.T
         "turns": same(None, pa.list_(TURN)), "turn_stop": same(None, pa.string()),
         "setting": same(None, pa.string()),
     }
+    for name in LOGPROB_COLUMNS:  # job.logprobs off
+        cols[name] = same(None, DATA.field(name).type)
     return pa.table([cols[f.name] for f in DATA], names=DATA.names).cast(DATA)  # schema order
 
 

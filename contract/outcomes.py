@@ -76,6 +76,16 @@ class EngineBadRequest(EngineError):
            "wrong path or model)")
 
 
+class EngineMalformed(EngineError):
+    """A 200 whose body lacks what the request asked for (job.logprobs: logprobs missing,
+    or not one per output token): systematic, so an engine that never sends them (an
+    SGLang without return_logprob) stops the run instead of failing every row."""
+
+    error_class = "engine_malformed"
+    fix = ("the engine does not answer what raygen asks (job.logprobs: SGLang's "
+           "return_logprob); check engine.kind and its version, or unset job.logprobs")
+
+
 class ContextOverflow(EngineBadRequest):
     """Prompt (+ budget, when the policy is ``reject``) does not fit the context. The
     row's own fault; it stays in failures/ so --retry-failed can send it again once

@@ -49,6 +49,8 @@ class GenerateRequest:
     request_id: str = ""                    # unique per send: results are matched by it
     assistant_spans: bool = False           # job.regenerate every_turn: say where the
                                             # prompt's assistant turns lie in its ids
+    logprobs: Optional[int] = None          # job.logprobs: the top-N asked per output token
+                                            # (0: the sampled token's only); None: none
 
     __reduce__ = _by_position
 
@@ -80,6 +82,12 @@ class GenerateResult:
     accept_length: Optional[float] = _column("float64")
     latency_s: Optional[float] = _column("float64")
     replica: Optional[str] = _column("string")
+    # job.logprobs (None when off): per output token the sampled token's logprob and, top_k
+    # > 0, the top ids and logprobs; a continuation's result has its new segment's only
+    # (the job appends them to the row's: jobs/pipeline/rows.py continued_row).
+    output_logprobs: Optional[list[float]] = _column("logprobs")
+    output_top_logprob_ids: Optional[list[list[int]]] = _column("top_ids")
+    output_top_logprobs: Optional[list[list[float]]] = _column("top_logprobs")
     error_class: Optional[str] = None  # contract.outcomes routes the row by this name
     error_message: Optional[str] = None
     request_id: str = ""  # the request's, echoed: a key sent twice still gets two answers

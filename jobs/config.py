@@ -117,6 +117,21 @@ Sampling = Annotated[
     Discriminator(_sampling_form)]
 
 
+# Most top alternatives stored per output token: OpenAI's and vLLM's default limit (SGLang's
+# native API has none below the vocabulary); each one costs ~8 bytes per token stored.
+MAX_TOP_LOGPROBS = 20
+
+
+class LogprobsConfig(StrictModel):
+    """``job.logprobs``: store per output token the sampled token's logprob and the top
+    ``top_k`` alternatives (docs/logprobs.md)."""
+
+    top_k: int = Field(
+        0, ge=0, le=MAX_TOP_LOGPROBS, strict=True, description="Top alternatives stored per "
+        "output token (ids and logprobs, sorted by logprob; SGLang's top_logprobs_num); 0 = "
+        "only the sampled token's logprob.")
+
+
 class RetryConfig(StrictModel):
     max_attempts: int = Field(4, ge=1, description="Tries per row for transient errors.")
     backoff_initial_s: float = Field(1.0, ge=0, description="First retry delay; doubles.")
@@ -180,6 +195,12 @@ class JobConfig(StrictModel):
         "(one turn of every conversation per round, each written as the row's next version); "
         "a turn cut at the budget, or whose tool calls differ from the source's, ends its "
         "conversation there (turn_stop). docs/modes.md 'Every-turn regeneration'.")
+    logprobs: Optional[LogprobsConfig] = Field(
+        None, description="Opt-in: per output token the sampled token's logprob "
+        "(`output_logprobs`) and, with top_k N > 0, the top N ids and logprobs "
+        "(`output_top_logprob_ids`, `output_top_logprobs`), kept one per output token across "
+        "continuations. In settings_hash (a run cannot switch it on or off mid-run); null "
+        "(the default) = none asked, those columns null. Sizes per token: docs/logprobs.md.")
     limit: Optional[int] = Field(None, ge=1, description="Only the first N rows of each "
                                  "input file.")
     max_line_bytes: int = Field(

@@ -90,6 +90,9 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         kind = kind.replace("|", "\\|")
         desc = (field.description or "").replace("\n", " ")
         rows.append(f"| `{key}` | {kind} | {_default(field)} | {desc} |")
+        optional = [a for a in get_args(ann) if _is_model(a)] if get_origin(ann) is Union else []
+        if len(optional) == 1:  # an optional section (null = off): its keys too
+            nested.append((optional[0], key))
     for sub, key in nested:
         rows += _rows(sub, key)
     return rows

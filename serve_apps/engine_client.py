@@ -20,6 +20,13 @@ the sampling) but SGLang takes it as a request field: the body moves it there. S
 ``thinking`` (false: the prompt was rendered with thinking off), which SGLang never sees:
 such a request sends ``require_reasoning`` false (the whole output is the answer).
 
+Logprobs (``logprobs`` N, job.logprobs): ``return_logprob`` with ``top_logprobs_num`` N and
+``logprob_start_len`` = the input's length, so no input token's logprob is computed (in
+0.5.23 that is also what -1 resolves to with return_logprob; older versions' -1 meant the
+last prompt token); without N none of these fields is sent. SGLang answers
+``output_token_logprobs`` as [logprob, token_id, text-or-null] per output token and, N >
+0, ``output_top_logprobs`` as a list of such triples per token (``parse_logprobs``).
+
 ``parse_meta`` reads meta_info across SGLang versions: speculative fields were renamed
 (0.5.5 ``spec_accept_length``; later ``spec_accept_rate``/``spec_num_correct_drafts``);
 only ``spec_verify_ct`` is stable, so accept length is always completion_tokens /
@@ -29,6 +36,7 @@ spec_verify_ct, and aggregates are sum(tokens) / sum(verify), never a mean of ra
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -52,6 +60,74 @@ class EngineOutput:
     e2e_latency_s: Optional[float]
     spec_accept_rate: Optional[float] = None   # drafts accepted / drafts proposed (0.5.23)
     num_retractions: Optional[int] = None      # times SGLang evicted the request under KV pressure
+    logprobs: Optional["Logprobs"] = None      # asked for (job.logprobs): parse_logprobs
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """Per output token: the sampled token's logprob and the top N (ids, logprobs);
+    top_ids/top_logprobs None when N = 0."""
+    sampled: list[float]
+    top_ids: Optional[list[list[int]]]
+    top_logprobs: Optional[list[list[float]]]
+
+
+class MalformedLogprobs(ValueError):
+    """The body's logprobs are missing or do not match its output tokens."""
+
+
+def _pair(entry: Any, what: str, masked_ok: bool = False) -> tuple[float, int]:
+    """(logprob, token id) of one [logprob, token_id, text-or-null] entry. SGLang's JSON
+    (orjson) sends -inf as null: a masked alternative (``masked_ok``) is stored as -inf;
+    a sampled token cannot have been masked."""
+    if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+        raise MalformedLogprobs(f"{what} is {entry!r}, not [logprob, token_id, text]")
+    logprob, token = entry[0], entry[1]
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise MalformedLogprobs(f"{what} has token id {token!r}")
+    if logprob is None and masked_ok:
+        return float("-inf"), token
+    if isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+        raise MalformedLogprobs(f"{what} has logprob {logprob!r}")
+    return float(logprob), token
+
+
+def parse_logprobs(body: dict[str, Any], top_k: int) -> Logprobs:
+    """The output tokens' logprobs of a /generate body asked with ``logprobs`` top_k;
+    raises MalformedLogprobs unless there is one entry per output id, each for that id,
+    and (top_k > 0) top_k alternatives per token."""
+    meta = body.get("meta_info") or {}
+    output_ids = list(body.get("output_ids") or [])
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list):
+        raise MalformedLogprobs("meta_info has no output_token_logprobs list")
+    if len(entries) != len(output_ids):
+        raise MalformedLogprobs(f"{len(entries)} output_token_logprobs for "
+                                f"{len(output_ids)} output tokens")
+    sampled = []
+    for i, (entry, token) in enumerate(zip(entries, output_ids)):
+        logprob, got = _pair(entry, f"output_token_logprobs[{i}]")
+        if got != token:
+            raise MalformedLogprobs(f"output_token_logprobs[{i}] is for token {got}, the "
+                                    f"output's is {token}")
+        sampled.append(logprob)
+    if top_k == 0:
+        return Logprobs(sampled, None, None)
+    tops = meta.get("output_top_logprobs")
+    if not isinstance(tops, list) or len(tops) != len(output_ids):
+        n = len(tops) if isinstance(tops, list) else "no"
+        raise MalformedLogprobs(f"{n} output_top_logprobs for {len(output_ids)} output "
+                                f"tokens (top_logprobs_num {top_k})")
+    top_ids, top_logprobs = [], []
+    for i, position in enumerate(tops):
+        if not isinstance(position, list) or len(position) != top_k:
+            raise MalformedLogprobs(f"output_top_logprobs[{i}] has "
+                                    f"{len(position) if isinstance(position, list) else 'no'} "
+                                    f"entries, not {top_k}")
+        pairs = [_pair(e, f"output_top_logprobs[{i}][{j}]", masked_ok=True) for j, e in enumerate(position)]
+        top_logprobs.append([p[0] for p in pairs])
+        top_ids.append([p[1] for p in pairs])
+    return Logprobs(sampled, top_ids, top_logprobs)
 
 
 def parse_meta(body: dict[str, Any]) -> EngineOutput:
@@ -106,6 +182,9 @@ def _error_message(status: int, payload: Union[dict, str]) -> str:
 KEEPALIVE_S = 4.0
 
 
+# SGLang ends a request with stop/matched="NaN happened" when the logits went NaN.
+NAN_STOP = "NaN happened"
+
 THINKING_BUDGET = "max_thinking_tokens"
 THINKING = "thinking"   # raygen's (job.sampling.thinking: false): how the prompt was rendered
 
@@ -116,13 +195,17 @@ def thinks(sampling: dict[str, Any]) -> bool:
 
 
 def generate_body(input_ids: list[int], sampling: dict[str, Any], rid: str,
-                  require_reasoning: bool = True) -> dict[str, Any]:
+                  require_reasoning: bool = True,
+                  logprobs: Optional[int] = None) -> dict[str, Any]:
     """The /generate request raygen sends (see the module docstring)."""
     params = {k: v for k, v in sampling.items() if k not in (THINKING_BUDGET, THINKING)}
     body = {"input_ids": input_ids, "sampling_params": params, "rid": rid, "stream": False,
             "require_reasoning": require_reasoning}
     if sampling.get(THINKING_BUDGET) is not None:
         body[THINKING_BUDGET] = sampling[THINKING_BUDGET]
+    if logprobs is not None:
+        body.update(return_logprob=True, top_logprobs_num=logprobs,
+                    logprob_start_len=len(input_ids))
     return body
 
 
@@ -177,9 +260,16 @@ class EngineClient:
         raise EngineBadRequest(message)
 
     async def generate(self, input_ids: list[int], sampling: dict[str, Any],
-                       rid: str, require_reasoning: bool = True) -> EngineOutput:
-        body = generate_body(input_ids, sampling, rid, require_reasoning)
-        return parse_meta(await self._request("POST", "/generate", json=body))
+                       rid: str, require_reasoning: bool = True,
+                       logprobs: Optional[int] = None) -> EngineOutput:
+        """``logprobs``: the top-N asked (None: none); a body without them raises
+        MalformedLogprobs."""
+        body = generate_body(input_ids, sampling, rid, require_reasoning, logprobs)
+        answer = await self._request("POST", "/generate", json=body)
+        out = parse_meta(answer)
+        if logprobs is None or out.finish_reason == "abort" or out.matched_stop == NAN_STOP:
+            return out  # not a completion (generation.check_finish): nothing to parse
+        return dataclasses.replace(out, logprobs=parse_logprobs(answer, logprobs))
 
     async def tokenize(self, text: str) -> list[int]:
         payload = await self._request("POST", "/tokenize",

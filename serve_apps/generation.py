@@ -26,6 +26,11 @@ fails the row as ``context_overflow``. A prompt SGLang would refuse is always
 rejected as ``context_overflow`` (never sent, so never a bad_request). If the engine
 still enforces a smaller budget than we asked, ``budget_clamped_by="engine"`` records it.
 
+Logprobs (``request.logprobs``, job.logprobs): asked of the engine
+(engine_client.generate_body) and returned for this request's own tokens; a continued
+row's earlier ones are the job's, which appends these (jobs/pipeline/rows.py). An answer
+without them (or not one per output token) fails the row as ``engine_malformed``.
+
 Assistant spans (``request.assistant_spans``, job.regenerate every_turn): where each
 assistant message of the prompt lies in its ids, for the export's loss mask. The
 renderer's character spans (chat_format.assistant_spans / probed_assistant_spans) become
@@ -40,10 +45,12 @@ import time
 from typing import Callable, Optional
 
 from contract import context_budget
-from contract.outcomes import ContextOverflow, EngineAborted, EngineDead, EngineError
+from contract.outcomes import (ContextOverflow, EngineAborted, EngineDead, EngineError,
+                               EngineMalformed)
 from contract.protocol import GenerateRequest, GenerateResult
 from serve_apps.chat_format import assistant_spans, no_thinking, render_prompt, split_reasoning
-from serve_apps.engine_client import THINKING_BUDGET, EngineClient, EngineOutput, thinks
+from serve_apps.engine_client import (NAN_STOP, THINKING_BUDGET, EngineClient, EngineOutput,
+                                     MalformedLogprobs, thinks)
 
 # Leave room for at least this many new tokens or reject: a 1-token "completion" is
 # worse than an explicit reject.
@@ -98,8 +105,14 @@ class Generator:
             effective = self.fit_budget(len(ids), budget, request.context_policy)
             sampling, thinking = await self._continued_sampling(
                 request, ids, dict(request.sampling or {}, max_new_tokens=effective))
-            out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}",
-                                             require_reasoning=thinking)
+            try:
+                out = await self.client.generate(ids, sampling, rid=f"{key}-{time.time_ns()}",
+                                                 require_reasoning=thinking,
+                                                 logprobs=request.logprobs)
+            except MalformedLogprobs as exc:
+                raise EngineMalformed(f"row {key!r}: job.logprobs asked for logprobs "
+                                      f"(top {request.logprobs}), the engine's answer: "
+                                      f"{exc}") from exc
             check_finish(out)
             prompt_len = request.prompt_len
             if prompt_len is None:
@@ -119,6 +132,10 @@ class Generator:
                               time.perf_counter() - started, text,
                               thinks(request.sampling or {}))
         result.assistant_spans = spans
+        if out.logprobs is not None:  # this request's tokens only (a continuation's too)
+            result.output_logprobs = out.logprobs.sampled
+            result.output_top_logprob_ids = out.logprobs.top_ids
+            result.output_top_logprobs = out.logprobs.top_logprobs
         return result
 
     async def token_spans(self, request: GenerateRequest, ids: list[int]) -> list[list[int]]:
@@ -180,8 +197,6 @@ class Generator:
             budget_clamped_by=clamped_by)
 
 
-# SGLang ends a request with stop/matched="NaN happened" when the logits went NaN.
-NAN_STOP = "NaN happened"
 
 
 def check_finish(out: EngineOutput) -> None:

@@ -13,10 +13,14 @@ from contract.protocol import RESULT_COLUMNS
 
 TOKEN_IDS = pa.list_(pa.int32())
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
+# job.logprobs: SGLang computes logprobs in float32, so float32 stores them exactly.
+LOGPROBS = pa.list_(pa.float32())
 
 # Parquet types of the result columns contract.protocol.GenerateResult declares.
 ARROW_TYPES = {"string": pa.string(), "bool": pa.bool_(), "int32": pa.int32(),
-               "int64": pa.int64(), "float64": pa.float64(), "token_ids": TOKEN_IDS}
+               "int64": pa.int64(), "float64": pa.float64(), "token_ids": TOKEN_IDS,
+               "logprobs": LOGPROBS, "top_ids": pa.list_(TOKEN_IDS),
+               "top_logprobs": pa.list_(LOGPROBS)}
 
 # One regenerated assistant turn (job.regenerate every_turn, jobs/pipeline/turns.py): what
 # the model wrote (reasoning, answer, tool calls as parsed, its sampled ids) and where the
@@ -82,10 +86,14 @@ REJECTS = pa.schema([
 ])
 
 KINDS = {"data": DATA, "failures": FAILURES, "rejects": REJECTS}
+# job.logprobs' columns (contract.protocol.GenerateResult): null in a run without it.
+LOGPROB_COLUMNS = ("output_logprobs", "output_top_logprob_ids", "output_top_logprobs")
+
 # Columns added after runs were first written: a part that predates one reads it as
 # nulls (jobs/io/run_store.py); any other missing column makes the part damaged.
 LATER_COLUMNS = frozenset({"prompt_hash", "reject_id", "integrity_flags", "max_thinking_tokens",
-                           "sample", "seed", "turns", "turn_stop", "setting"})
+                           "sample", "seed", "turns", "turn_stop", "setting",
+                           *LOGPROB_COLUMNS})
 
 # What flows from the generate stage to the sink: every column of data/ and failures/
 # plus the row's destination (rejects never reach the stage: admission writes them).

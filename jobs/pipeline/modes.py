@@ -199,10 +199,10 @@ def _base_request(row: dict[str, Any], stage: "StageSettings", category: str) ->
     """What every mode's request carries: key, run, the category label, the budget, the
     sampling (the row's setting's, jobs/pipeline/sampling_mix.py: with a mix the row's
     ``setting`` column names it; + the sample's seed with n > 1; a continued row's own)
-    and context policy."""
+    and context policy, and job.logprobs' top-N (None: none asked)."""
     sampling = stage.setting_of(row).sampling
     if row.get("seed") is not None:
         sampling = dict(sampling, **{SEED_FIELD: int(row["seed"])})
     return GenerateRequest(key=row["key"], run=stage.run, category=category,
                            max_new_tokens=stage.max_new_tokens, sampling=sampling,
-                           context_policy=stage.context_policy)
+                           context_policy=stage.context_policy, logprobs=stage.logprobs)

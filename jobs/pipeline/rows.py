@@ -14,7 +14,7 @@ import pyarrow as pa
 from contract.integrity import integrity_flags, repetition_ratio
 from contract.outcomes import route
 from contract.protocol import RESULT_COLUMNS, GenerateResult
-from jobs.io.schema import STAGE_OUTPUT
+from jobs.io.schema import LOGPROB_COLUMNS, STAGE_OUTPUT
 
 if TYPE_CHECKING:  # settings asks the mode strategies (jobs/pipeline/modes.py), which use these
     from jobs.pipeline.settings import StageSettings
@@ -78,8 +78,32 @@ def continued_row(base: dict[str, Any], result: GenerateResult, stage: "StageSet
         repetition_ratio=repetition_ratio(result.output_token_ids),
         latency_s=_add(base["latency_s"], result.latency_s), attempts=attempts,
         settings_hash=stage.settings_hash,  # its own (checked equal to the base's)
-        created_at=now(), **_setting_columns(base, stage))
+        created_at=now(), **_setting_columns(base, stage),
+        **continued_logprobs(base, result))
     out["integrity_flags"] = integrity_flags(out)  # of the whole output, this version's
+    return out
+
+
+def continued_logprobs(base: dict[str, Any], result: GenerateResult) -> dict[str, Any]:
+    """job.logprobs: the base row's per-token lists with the new segment's appended (the
+    result carries its own tokens' only), one entry per token of the whole output.
+    Both null (logprobs off) stay null."""
+    out = {}
+    for name in LOGPROB_COLUMNS:
+        old, new = base.get(name), getattr(result, name)
+        if (old is None) != (new is None):
+            raise ValueError(
+                f"row {base.get('key')!r}: {name} is {'missing' if old is None else 'held'} "
+                f"in its version {base.get('version')} and {'sent' if new is not None else 'not sent'} "
+                f"by its continuation: a row continued under another job.logprobs than it was "
+                f"made with (settings_hash should have refused it)")
+        out[name] = None if old is None else list(old) + list(new)
+    sampled = out["output_logprobs"]
+    if sampled is not None and len(sampled) != len(result.output_token_ids or ()):
+        raise ValueError(
+            f"row {base.get('key')!r}: {len(sampled)} output_logprobs after its continuation "
+            f"for {len(result.output_token_ids or ())} output tokens (version "
+            f"{base.get('version')} held {len(base['output_logprobs'])})")
     return out
 
 

@@ -31,7 +31,8 @@ def settings_hash(model: str, sampling: dict[str, Any], chat_format: str = "chat
 
 
 def output_settings(engine: Any, context_policy: str, samples_per_prompt: int = 1,
-                    regenerate: str = "last_turn") -> dict[str, Any]:
+                    regenerate: str = "last_turn",
+                    logprobs: Optional[int] = None) -> dict[str, Any]:
     """The settings besides sampling that change what a prompt's row holds: which model
     and name, how the prompt is rendered, how the output is split into reasoning and
     answer, the engine's own arguments, and what happens when the context is short.
@@ -41,7 +42,9 @@ def output_settings(engine: Any, context_policy: str, samples_per_prompt: int = 
     in, not the count (a sample's output does not depend on n, so raising n adds samples
     under the same hash); with 1 nothing is added, so no existing hash changes. So for
     job.regenerate: every_turn is in (its rows' prompts hold the model's own turns),
-    last_turn adds nothing."""
+    last_turn adds nothing. job.logprobs (its top_k) is in when set: the rows hold
+    columns a run without it leaves null; unset adds nothing, so a run made before it
+    keeps its hash and resumes."""
     out = {"kind": engine.kind, "model_path": engine.model_path,
            "served_model_name": engine.model_name, "chat_template": engine.chat_template,
            "reasoning_parser": engine.reasoning_parser,
@@ -52,6 +55,8 @@ def output_settings(engine: Any, context_policy: str, samples_per_prompt: int = 
         out["sample_seeds"] = SEED_SCHEME
     if regenerate != "last_turn":
         out["regenerate"] = regenerate
+    if logprobs is not None:
+        out["logprobs"] = {"top_k": logprobs}
     return out
 
 
@@ -140,6 +145,7 @@ class StageSettings:
     settings: tuple[Setting, ...] = ()  # job.sampling's (jobs/pipeline/sampling_mix.py);
                                   # () = the one of ``sampling`` (a hand-built stage)
     inflight: str = "fixed"       # job.inflight: fixed, or follow the engines' load (adaptive)
+    logprobs: Optional[int] = None  # job.logprobs.top_k: asked per output token; None = off
 
     @property
     def strategy(self) -> Strategy:
@@ -181,6 +187,7 @@ class StageSettings:
         job, settings = cfg.job, settings_of(cfg.job)
         main = max(settings, key=lambda s: s.weight)  # as job.main_sampling: tools send it
         sampling = hashed(settings)  # the one setting's params, or the whole mix
+        logprobs = None if job.logprobs is None else job.logprobs.top_k
         return cls(
             run=job.run_name, model=cfg.engine.model_name, max_new_tokens=job.max_new_tokens,
             context_policy=job.context_policy, sampling=main.sampling,
@@ -188,7 +195,8 @@ class StageSettings:
             settings_hash=settings_hash(cfg.engine.model_name, sampling,
                                         output_settings=output_settings(
                                             cfg.engine, job.context_policy,
-                                            job.samples_per_prompt, job.regenerate)),
+                                            job.samples_per_prompt, job.regenerate,
+                                            logprobs)),
             legacy_settings_hash=settings_hash(cfg.engine.model_name, sampling),
             inflight_rows_per_actor=job.inflight_rows_per_actor,
             rows_per_call=job.rows_per_call, call_linger_s=job.call_linger_s,
@@ -203,6 +211,8 @@ class StageSettings:
             samples_per_prompt=job.samples_per_prompt,
             single_sample_hash=settings_hash(cfg.engine.model_name, sampling,
                                              output_settings=output_settings(
-                                                 cfg.engine, job.context_policy))
+                                                 cfg.engine, job.context_policy,
+                                                 logprobs=logprobs))
             if job.samples_per_prompt > 1 else "",
-            every_turn=job.regenerate == "every_turn", inflight=job.inflight)
+            every_turn=job.regenerate == "every_turn", inflight=job.inflight,
+            logprobs=logprobs)

@@ -32,7 +32,8 @@ def make_row(key: str, version: int = 0, **over: Any) -> dict[str, Any]:
         "sampling": "{}", "settings_hash": "h1",
         "created_at": T0 + dt.timedelta(seconds=version), "prompt_hash": None,
         "integrity_flags": [], "max_thinking_tokens": None, "sample": None, "seed": None,
-        "turns": None, "turn_stop": None, "setting": None,
+        "turns": None, "turn_stop": None, "setting": None, "output_logprobs": None,
+        "output_top_logprob_ids": None, "output_top_logprobs": None,
     }
     assert set(row) | set(over) == set(DATA.names), set(over) - set(DATA.names)
     row.update(over)

@@ -38,7 +38,8 @@ class FakeClient:
         return "".join(map(chr, ids))
 
     async def generate(self, ids: list[int], sampling: dict[str, Any], rid: str,
-                       require_reasoning: bool = True) -> EngineOutput:
+                       require_reasoning: bool = True,
+                       logprobs: Optional[int] = None) -> EngineOutput:
         if isinstance(self.answer, Exception):
             raise self.answer
         out = [ord(c) for c in self.answer]
@@ -327,9 +328,9 @@ def test_a_canary_that_differs_once_is_sent_again_and_does_not_drain():
     sent = []
     real_generate = flaky.generate
 
-    async def flips_once(ids, sampling, rid, require_reasoning=True):
+    async def flips_once(ids, sampling, rid, require_reasoning=True, logprobs=None):
         sent.append(rid)
-        out = await real_generate(ids, sampling, rid, require_reasoning)
+        out = await real_generate(ids, sampling, rid, require_reasoning, logprobs)
         if len(sent) == 1:  # the first canary prompt of the round comes out different
             return dataclasses.replace(out, output_ids=out.output_ids[::-1])
         return out
