@@ -22,8 +22,13 @@ from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
-EXTRA_COLUMNS: dict[str, pa.DataType] = {"accept_length": pa.float64(), "category": pa.string(),
-                                         "setting": pa.string()}  # a mix's setting name
+from jobs.io.schema import DATA, LOGPROB_COLUMNS
+
+EXTRA_COLUMNS: dict[str, pa.DataType] = {
+    "accept_length": pa.float64(), "category": pa.string(),
+    "setting": pa.string(),  # a mix's setting name
+    # job.logprobs' per output token lists, null for a run without it (docs/logprobs.md)
+    **{name: DATA.field(name).type for name in LOGPROB_COLUMNS}}
 # Not a flag: every record of a run with job.samples_per_prompt > 1 ends with its sample
 # (0..n-1), the same way; a run of one sample per prompt never has it (records unchanged).
 SAMPLE = "sample"

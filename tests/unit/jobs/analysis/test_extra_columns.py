@@ -105,3 +105,26 @@ def test_the_cli_flag_reaches_the_records(store, tmp_path):
     got = {r["id"]: (r["accept_length"], r["category"])
            for r in records(tmp_path / "o", manifest, "jsonl")}
     assert got == EXPECTED and manifest["extra_columns"] == ["accept_length", "category"]
+
+
+LOGPROBS = ("output_logprobs", "output_top_logprob_ids", "output_top_logprobs")
+
+
+@pytest.mark.parametrize("file_type", ex.FILE_TYPES)
+def test_logprobs_are_carried_when_asked_one_per_output_token(store, tmp_path, file_type):
+    """job.logprobs' columns (float32: values a float32 holds exactly, as SGLang's are);
+    a run without them exports nulls."""
+    write_rows(store, "data", [
+        make_row("on", output_token_ids=[4, 5], output_logprobs=[-0.5, -1.25],
+                 output_top_logprob_ids=[[4, 9], [7, 5]],
+                 output_top_logprobs=[[-0.5, -2.0], [-0.75, -1.25]]),
+        make_row("off")])
+    manifest = ex.export(store, str(tmp_path / "o"), "pretokenized", file_type=file_type,
+                         extras=LOGPROBS)
+    got = {r["id"]: r for r in records(tmp_path / "o", manifest, file_type)}
+    assert [got["on"][c] for c in LOGPROBS] == [
+        [-0.5, -1.25], [[4, 9], [7, 5]], [[-0.5, -2.0], [-0.75, -1.25]]]
+    assert [got["off"][c] for c in LOGPROBS] == [None] * 3
+    assert list(got["on"])[-3:] == list(LOGPROBS)
+    plain = ex.export(store, str(tmp_path / "p"), "pretokenized", file_type=file_type)
+    assert not set(LOGPROBS) & set(records(tmp_path / "p", plain, file_type)[0])  # off by default
