@@ -103,6 +103,19 @@ def output_ids(url: str, input_ids: list[int], budget: int) -> list[int]:
     return body["output_ids"]
 
 
+def one_shot(url: str, input_ids: list[int], budget: int, logprobs: int) -> dict:
+    """The engine's /generate body for ``input_ids`` (greedy) in one request, logprobs
+    asked (top ``logprobs``) as raygen asks them: with require_reasoning, so with strict
+    thinking SGLang masks EOS while the row thinks, as in the job's requests."""
+    from serve_apps.engine_client import generate_body
+    from tests.support.simulator import http
+    status, body = http(url, "/generate", generate_body(
+        input_ids, {"max_new_tokens": budget, "temperature": 0}, "one-shot",
+        require_reasoning=True, logprobs=logprobs), timeout=REQUEST_TIMEOUT_S)
+    assert status == 200, body
+    return body
+
+
 def chat_ids(question: str) -> list[int]:
     """A one-turn prompt as raygen renders it (builtin ChatML, thinking on)."""
     return tk.encode(render_prompt([{"role": "user", "content": question}]))

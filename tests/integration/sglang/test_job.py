@@ -6,13 +6,15 @@ answer, end with EOS (``stop``, matched id 2) after 38 tokens, 27 of them reason
 SGLang's own count, with prompt ids equal to raygen's rendering through the model's
 tokenizer; ``cached_tokens`` comes from SGLang's radix cache (the shared template
 prefix; test_engine.py checks its exact count). A run cut at 12 tokens and continued to 64 equals the one-shot run token for
-token. A sampling value raygen passes but SGLang refuses stops the run.
+token, and with job.logprobs its logprobs (and top 5) are the one-shot request's exactly.
+A sampling value raygen passes but SGLang refuses stops the run.
 """
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -78,6 +80,7 @@ def test_rows_are_what_the_real_engine_generated(one_shot, sglang_pool):
         assert 0 <= row.cached_tokens <= row.prompt_tokens - 1
         assert (row.model, row.budget_clamped_by) == (sglang_cpu.SERVED_NAME, "")
         assert pd.isna(row.spec_verify_ct) and pd.isna(row.accept_length)  # no speculation
+        assert row.output_logprobs is None and row.output_top_logprobs is None  # not asked
     # Every prompt starts with the same template tokens: rows prefilled after an earlier
     # one finished reuse them from the radix cache (rows prefilled in the first batches,
     # before anything was cached, cannot: seen here, about half of them).
@@ -98,14 +101,49 @@ def test_stop_string_ends_the_row_where_sglang_matched_it(real_config, tmp_path)
     assert all(list(ids)[-1] == tk.BYTE_BASE + ord("E") for ids in df.output_token_ids)
 
 
-def test_continued_rows_equal_the_one_shot_run(one_shot, real_config):
+def _top_difference(got: dict[int, float], want: dict[int, float]) -> float:
+    """The largest logprob difference of two top-N lists (id -> logprob): of the ids in
+    both, and of an id in one only against the other's N-th (alternatives of equal
+    logprob may change places, at the list's end too)."""
+    worst = max((abs(got[t] - want[t]) for t in got.keys() & want.keys()), default=0.0)
+    for mine, other in ((got, want), (want, got)):
+        for t in mine.keys() - other.keys():
+            worst = max(worst, abs(mine[t] - min(other.values())))
+    return float(worst)
+
+
+def _assert_logprobs_of_one_shot(url: str, row, top_k: int) -> None:
+    """The row's logprobs (two versions' appended) are those SGLang gives one request
+    for its whole output: exactly (float32, as SGLang computes them), the top lists as
+    id -> logprob up to the order of equal ones."""
+    body = sglang_cpu.one_shot(url, [int(t) for t in row.prompt_token_ids], 64, top_k)
+    output = [int(t) for t in row.output_token_ids]
+    assert body["output_ids"] == output
+    meta = body["meta_info"]
+    assert [e[1] for e in meta["output_token_logprobs"]] == output
+    want = np.array([e[0] for e in meta["output_token_logprobs"]], np.float32)
+    assert np.array_equal(np.asarray(row.output_logprobs, np.float32), want)
+    tops = list(zip(row.output_top_logprob_ids, row.output_top_logprobs))
+    assert len(tops) == len(meta["output_top_logprobs"]) == len(output)
+    for (ids, lps), top in zip(tops, meta["output_top_logprobs"]):
+        lps = np.asarray(lps, np.float32)
+        assert len(ids) == top_k and np.all(np.diff(lps) <= 0)  # most likely first
+        got = dict(zip((int(t) for t in ids), lps))
+        assert _top_difference(got, {e[1]: np.float32(e[0]) for e in top}) == 0.0, (got, top)
+
+
+def test_continued_rows_equal_the_one_shot_run(one_shot, real_config, sglang_pool):
     tree_full, _, rows = one_shot
-    cut = real_config(rows, job={"max_new_tokens": 12})
+    # job.logprobs on (top 5): the continuation appends its tokens' logprobs to the cut
+    # version's, one per output token, equal to one request's (below)
+    cut = real_config(rows, job={"max_new_tokens": 12, "logprobs": {"top_k": 5}})
     first = run(cut)
     assert first.progress["truncated"] == ROWS
     before = read(cut, "data")
     assert set(before.reasoning) == {sglang_cpu.REASONING[:12]}
     assert not before.finished_thinking.any() and set(before.finish_reason) == {"length"}
+    assert all(len(lp) == len(ids) == 12 for lp, ids in zip(before.output_logprobs,
+                                                             before.output_top_logprob_ids))
 
     summary = run(cut, continue_truncated=True, max_total_tokens=64)
     assert summary.status == "succeeded"
@@ -121,6 +159,11 @@ def test_continued_rows_equal_the_one_shot_run(one_shot, real_config):
     # The continuation resent prompt + output as ids: SGLang's radix cache still held
     # most of them (the 12 generated tokens and the prompt), on whichever engine.
     assert (cont.cached_tokens > 0).all()
+    first = before.set_index("key")
+    for key in _keys(ROWS)[:3]:
+        assert np.array_equal(cont.at[key, "output_logprobs"][:12],
+                              first.at[key, "output_logprobs"])  # kept as the cut row had them
+        _assert_logprobs_of_one_shot(sglang_pool.urls[0], cont.loc[key], 5)
 
 
 def test_a_sampling_value_sglang_refuses_stops_the_run(real_config, tmp_path):
