@@ -32,7 +32,7 @@ import pytest
 from jobs.config import SamplingConfig, load_config
 from contract.config import STRICT_THINKING_FLAG, SGLangEngineConfig, SpeculativeConfig
 from contract import spec_resolution
-from serve_apps.engine_client import EngineClient, parse_meta
+from serve_apps.engine_client import EngineClient, generate_body, parse_meta
 from serve_apps.engines.sglang import build_command
 from dashboards.metrics_catalog import SGLANG_SERIES
 from tests.support.sglang import ParseError
@@ -440,3 +440,16 @@ def test_sglang_series_on_raygens_dashboard_exist(sglang):
     names = set(re.findall(r'name="(sglang:[a-z_]+)"', source))
     families = {s.removesuffix("_bucket") for s in SGLANG_SERIES}  # histograms: family name
     assert families <= names, families - names
+
+
+def test_logprob_fields_are_ones_sglang_decodes_and_absent_unless_asked(sglang):
+    """job.logprobs: return_logprob, top_logprobs_num and logprob_start_len (the input's
+    length: no prompt logprobs) are top-level fields of SGLang's typed request; a row
+    without it sends none of them (SGLang's defaults: no logprobs)."""
+    params = dict(SamplingConfig().to_sglang(), max_new_tokens=64)
+    asked = sglang.api_types.GenerateRequest.from_json_value(
+        generate_body([11, 12, 13], params, "row-1-1", logprobs=5))
+    assert (asked.return_logprob, asked.top_logprobs_num, asked.logprob_start_len) == (True, 5, 3)
+    unset = sglang.api_types.GenerateRequest.from_json_value(_sent_generate_body(params))
+    assert (unset.return_logprob, unset.top_logprobs_num, unset.logprob_start_len) == (
+        None, None, None)
