@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -278,6 +279,16 @@ def test_every_panel_target_returns_data(live):
 
 # --- 2. alerts -------------------------------------------------------------------------
 
+def _presence(live: Live, expr: str) -> str:
+    """For a signal without data: in how many of the range's steps each series it reads
+    had a sample, per run (a loaded run once lost RaygenTruncationHigh's signal, cause
+    not seen)."""
+    names = sorted(set(re.findall(r"ray_raygen_\w+|raygen:\w+", expr)))
+    steps = {name: {s["metric"].get("run", "?"): len(s["values"]) for s in live.prom.query_range(
+        f"count by (run) ({name})", live.t0, live.t_end)} for name in names}
+    return f"steps with samples per run, of {live.t_end - live.t0:.0f} s: {steps}"
+
+
 def test_every_rule_evaluates_and_every_alert_signal_has_data(live):
     prom = live.prom
     rules_file = yaml.safe_load(build.RULES_YML.read_text())
@@ -309,7 +320,8 @@ def test_every_rule_evaluates_and_every_alert_signal_has_data(live):
             continue
         for form, expr in (("rules", a.query), ("grafana", alerts.inline_recording_rules(a.query))):
             if not prom.query_range(expr, live.t0, live.t_end):
-                problems.append(f"{a.name} ({form} form): signal has no data: {expr}")
+                problems.append(f"{a.name} ({form} form): signal has no data: {expr}; "
+                                f"{_presence(live, expr)}")
     assert not problems, "\n".join(problems)
 
     # The killed driver shows up as an alert on its way to firing (pending: `for` is 2m).
