@@ -107,7 +107,7 @@ def parse_generate(body: Any) -> GenerateRequest:
         skip_special_tokens=_opt_bool(sp, "skip_special_tokens", True),
         no_stop_trim=_opt_bool(sp, "no_stop_trim", False),
         require_reasoning=_opt_bool(body, "require_reasoning", False),
-        max_thinking_tokens=_opt_u64(body, "max_thinking_tokens"),
+        max_thinking_tokens=_typed_int(body, "max_thinking_tokens", "u64"),
         sampling_seed=sp.get("sampling_seed"),
         return_logprob=_opt_bool(body, "return_logprob", False),
         top_logprobs_num=_top_logprobs_num(body),
@@ -118,24 +118,14 @@ def _top_logprobs_num(body: dict) -> int:
     """SGLang's top_logprobs_num (i64; default 0). ``logprob_start_len`` is checked like
     SGLang's scheduler (not above the input's length) and otherwise ignored: the
     simulator computes no input logprobs."""
-    n = _opt_i64(body, "top_logprobs_num") or 0
+    n = _typed_int(body, "top_logprobs_num", "i64") or 0
     if n < 0:
         raise RequestError(f"top_logprobs_num must be >= 0, got {n}.")
-    start = _opt_i64(body, "logprob_start_len")
+    start = _typed_int(body, "logprob_start_len", "i64")
     if body.get("return_logprob") and start is not None and start > len(body.get("input_ids") or []):
         raise RequestError(f"req.logprob_start_len={start} is higher than the number of input tokens "
                            f"len(req.origin_input_ids)={len(body['input_ids'])}. Please use a smaller logprob_start_len.")
     return n
-
-
-def _opt_i64(body: dict, key: str) -> int | None:
-    """A top-level i64 field of SGLang's typed contract."""
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ContractError(f"invalid type: {_serde_unexpected(v)}, expected i64")
-    return v
 
 
 STRICT_THINKING_NEEDED = "max_thinking_tokens requires the server to be launched with --enable-strict-thinking"
@@ -156,14 +146,15 @@ def _serde_unexpected(v: Any) -> str:
     return {list: "sequence", dict: "map"}.get(type(v), type(v).__name__)
 
 
-def _opt_u64(body: dict, key: str) -> int | None:
-    """A top-level u64 field of SGLang's typed contract (api_types._expect_uint)."""
+def _typed_int(body: dict, key: str, kind: str) -> int | None:
+    """A top-level ``kind`` ("i64" or "u64") field of SGLang's typed contract
+    (api_types._expect_uint for u64)."""
     v = body.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ContractError(f"invalid type: {_serde_unexpected(v)}, expected u64")
-    if v < 0:
+        raise ContractError(f"invalid type: {_serde_unexpected(v)}, expected {kind}")
+    if kind == "u64" and v < 0:
         raise ContractError(f"invalid value: integer `{v}`, expected u64")
     return v
 
