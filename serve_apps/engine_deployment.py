@@ -171,6 +171,7 @@ class EngineReplica:
         an engine restart and its window's rows."""
         why = None
         for _ in range(canary.CONFIRM_ROUNDS):
+            began = self.watch.observed  # what an agreeing round vouches for: rows before it
             results = [await self.generator.generate(r)
                        for r in canary.requests(self.cfg.canary_max_new_tokens)]
             self.canary_digest = canary.digest(results)
@@ -180,7 +181,7 @@ class EngineReplica:
                 f"{_app_name()}:{self.config_hash}", self.replica_id, self.canary_digest,
                 canary.REPORT_TTL_INTERVALS * self.cfg.canary_interval_s)
             if not why:
-                self.watch.sound()
+                self.watch.sound(before=began)
                 return None
             logger.warning("canary of replica %s differs from its fleet's (%s)",
                            self.replica_id, self.canary_digest)

@@ -66,16 +66,19 @@ class OutputWatch:
     def __init__(self, fraction: Optional[float], window: int, replica: str = "",
                  canary: bool = False):
         self.fraction, self.replica = fraction, replica
-        # run -> keys of every result since the last sound canary: kept only with the
-        # canary on (it clears them every canary interval; without it they would grow)
-        self.since_sound: Optional[dict[str, set[str]]] = \
-            collections.defaultdict(set) if canary else None
+        # run -> key -> when observed (the count of results before it), for every result
+        # since the last sound canary: kept only with the canary on (it clears them every
+        # canary interval; without it they would grow)
+        self.since_sound: Optional[dict[str, dict[str, int]]] = \
+            collections.defaultdict(dict) if canary else None
+        self.observed = 0  # results observed: what a canary round marks at its start
         # (run, key, flags) of the latest successful results
         self.recent: collections.deque[tuple[str, str, tuple[str, ...]]] = \
             collections.deque(maxlen=window)
         self.drain: Optional[Drain] = None
-        # run -> keys of flagged results since the last sound canary (or the start)
-        self.flagged: dict[str, set[str]] = collections.defaultdict(set)
+        # run -> key -> when observed, of flagged results since the last sound canary (or
+        # the start)
+        self.flagged: dict[str, dict[str, int]] = collections.defaultdict(dict)
 
     @property
     def drained(self) -> Optional[str]:
@@ -89,10 +92,11 @@ class OutputWatch:
             return
         flags = tuple(result_flags(result))
         self.recent.append((run, result.key, flags))
+        seq, self.observed = self.observed, self.observed + 1
         if flags:
-            self.flagged[run].add(result.key)
+            self.flagged[run][result.key] = seq
         if self.since_sound is not None:
-            self.since_sound[run].add(result.key)
+            self.since_sound[run][result.key] = seq
         if self.fraction is None or len(self.recent) < self.recent.maxlen:
             return
         bad = [flags for _, _, flags in self.recent if flags]
@@ -103,13 +107,22 @@ class OutputWatch:
                            f"flagged ({named}; engine.drain_flagged_fraction "
                            f"{self.fraction:g}); Serve restarts its engine", inflight)
 
-    def sound(self) -> None:
-        """The canary agreed with the fleet: the engine was sound until now, so the flagged
-        rows before it are the prompts' own (regenerated only with --regenerate-flagged)."""
-        if not self.drain:
-            self.flagged.clear()
-            if self.since_sound is not None:
-                self.since_sound.clear()
+    def sound(self, before: Optional[int] = None) -> None:
+        """The canary agreed with the fleet: the engine was sound when the canary's round
+        began (``before``: :attr:`observed` then; None: now), so the flagged rows observed
+        before it are the prompts' own (regenerated only with --regenerate-flagged). Rows
+        observed while the round ran stay: a drift that began after its prompts were
+        answered, before its verdict came back, passed it (seen in CI)."""
+        if self.drain:
+            return
+        before = self.observed if before is None else before
+        for found in [self.flagged] + ([self.since_sound] if self.since_sound is not None else []):
+            for run in list(found):
+                kept = {k: seq for k, seq in found[run].items() if seq >= before}
+                if kept:
+                    found[run] = kept
+                else:
+                    del found[run]
 
     def drain_now(self, reason: str, inflight: Iterable[tuple[str, str]] = (),
                   since_sound: bool = False) -> None:
@@ -125,7 +138,7 @@ class OutputWatch:
             also.append(self.since_sound)
         for found in also:
             for run, held in found.items():
-                keys[run] |= held
+                keys[run] |= set(held)
         self.drain = Drain(self.replica, reason, time.time(),
                            {run: sorted(k) for run, k in sorted(keys.items())})
         for run in self.drain.keys:  # for a run none of whose rows come back through it

@@ -115,3 +115,27 @@ def test_a_canary_drain_condemns_every_row_since_the_last_sound_canary():
     flag_drain.drain_now("drained: flags")  # not a canary drain: the window only
     assert flag_drain.drain.keys == {"run": ["s3", "s4"]}
     assert OutputWatch(0.5, 2).since_sound is None  # canary off: nothing kept
+
+
+def test_a_sound_canary_vouches_only_for_the_rows_before_its_round_began():
+    """A drift that begins after the canary's prompts are answered, before its verdict is
+    back, passes that round: the rows returned while it ran are not cleared by it, so the
+    next (diverging) round's drain still condemns them (a CI run lost one such row)."""
+    watch = OutputWatch(0.5, 2, replica="rep-6", canary=True)
+    watch.observe("run", _result("sound", False))
+    watch.observe("run", _result("flagged-before", True))
+    began = watch.observed                                  # the round starts
+    watch.observe("run", _result("during", False))          # drifted while it ran
+    watch.observe("other", _result("flagged-during", True))
+    watch.sound(before=began)                               # it agreed
+    assert watch.since_sound == {"run": {"during": 2}, "other": {"flagged-during": 3}}
+    watch.observe("run", _result("after", False))
+    watch.drain_now("drained: canary", since_sound=True)
+    assert watch.drain.keys == {"run": ["after", "during"], "other": ["flagged-during"]}
+    # the flagged rows kept beyond the window: the round's, not those before it
+    flags = OutputWatch(0.5, 8, replica="rep-7")
+    flags.observe("run", _result("old", True))
+    began = flags.observed
+    flags.observe("run", _result("new", True))
+    flags.sound(before=began)
+    assert flags.flagged == {"run": {"new": 1}}

@@ -19,7 +19,7 @@ from serve_apps.engine_client import EngineOutput
 from serve_apps.engine_deployment import EngineReplica
 from serve_apps.engine_resolution import EngineResolvedOtherwise
 from contract.outcomes import EngineBadRequest, EngineDead, EngineUnavailable, route
-from contract.protocol import GenerateRequest
+from contract.protocol import GenerateRequest, GenerateResult
 from tests.support.virtual_time import VirtualClock, run_virtual
 
 
@@ -306,9 +306,20 @@ def test_a_replica_whose_canary_differs_from_the_others_drains():
     assert "canary outputs" in (replicas[0].watch.drained or "")
     assert "(2 rounds in a row)" in replicas[0].watch.drained
     assert [r.watch.drained for r in replicas[1:]] == [None, None]
-    replicas[1].watch.flagged["run"].add("looped")  # a prompt's own flagged row, then...
-    asyncio.run(replicas[1].canary_round())          # ...a canary that agrees: sound until now
-    assert not replicas[1].watch.flagged
+    looped = GenerateResult(key="looped", finish_reason="length", output_token_ids=[1])
+    watch = replicas[1].watch
+    watch.observe("run", looped)                     # a prompt's own flagged row, then...
+    client, real_generate = replicas[1].client, replicas[1].client.generate
+
+    async def row_returned_meanwhile(*args, **kwargs):
+        if not watch.since_sound.get("run", {}).get("during"):
+            watch.observe("run", GenerateResult(key="during", finish_reason="stop",
+                                                reasoning="r", answer="a",
+                                                finished_thinking=True, output_token_ids=[1]))
+        return await real_generate(*args, **kwargs)
+    client.generate = row_returned_meanwhile
+    asyncio.run(replicas[1].canary_round())          # ...a canary that agrees: sound until it began
+    assert not watch.flagged and set(watch.since_sound["run"]) == {"during"}
     with pytest.raises(EngineDead, match="canary"):
         asyncio.run(replicas[0].check_health())
     info = asyncio.run(replicas[1].info())
