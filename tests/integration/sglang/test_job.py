@@ -20,7 +20,8 @@ import pytest
 
 from jobs.runs.run import RunError
 from serve_apps.engines.simulator import tokenizer as tk
-from tests.integration.helpers import assert_run_exact, read, run, store_of, write_prompts
+from tests.integration.helpers import (assert_run_exact, read, run, store_of, write_prompts,
+                                      write_yaml)
 from tests.support import sglang_cpu
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -87,6 +88,38 @@ def test_rows_are_what_the_real_engine_generated(one_shot, sglang_pool):
     assert (df.cached_tokens > 0).any(), df.cached_tokens.describe()
     assert summary.progress["completed"] == ROWS
     assert summary.progress["output_tokens"] == 38 * ROWS
+
+
+def test_report_compare_puts_the_drafter_run_beside_a_plain_run_of_its_prompts(
+        spec_run, one_shot, tmp_path, capsys):
+    """Evaluating a drafter on the real engine (docs/compare-drafters.md): the speculative
+    pool's run and this module's plain run, which holds the same prompts and more, side by
+    side with `raygen report --compare`. The drafter's side has the engine's own accept
+    length (its rows' output tokens over their verify steps), the plain side none; greedy
+    decoding verified by the target is the target's own output: the same tokens."""
+    from jobs.analysis import report
+    spec_tree, plain = spec_run[0], one_shot[0]
+    assert report.main(["--config", str(write_yaml(tmp_path / "spec.yaml", spec_tree)),
+                        "--compare", str(write_yaml(tmp_path / "plain.yaml", plain))]) == 0
+    out = capsys.readouterr().out
+    assert "## Compared with" in out
+    with capsys.disabled():  # `-s` shows the table docs/compare-drafters.md quotes
+        print("\n" + out[out.index("## Compared with"):].split("\nwrote ")[0])
+    c = store_of(spec_tree).read_json("report.json")["compare"]
+    spec_rows = sglang_cpu.SPEC_ROWS
+    assert (c["shared"], c["only_in_run"], c["only_in_other"]) == (spec_rows, 0, ROWS - spec_rows)
+    rows = read(spec_tree, "data")
+    drafter, baseline = c["overall"]["run"], c["overall"]["other"]
+    assert drafter["rows_with_verify_counts"] == spec_rows
+    assert baseline["rows_with_verify_counts"] == 0
+    assert drafter["accept_length"] == pytest.approx(
+        rows["completion_tokens"].sum() / rows["spec_verify_ct"].sum(), rel=1e-3)
+    assert drafter["accept_length"] > 1.0 and baseline["accept_length"] is None
+    assert c["overall"]["accept_length_ratio"] is None  # nothing to divide by
+    for side in (drafter, baseline):
+        assert side["truncated"] == 0 and side["request_output_tok_per_s"] > 0
+        assert side["mean_output_tokens"] == len(sglang_cpu.OUTPUT_IDS)
+    assert sum(g["rows"] for g in c["by_category"].values()) == spec_rows
 
 
 def test_stop_string_ends_the_row_where_sglang_matched_it(real_config, tmp_path):

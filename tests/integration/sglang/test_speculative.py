@@ -21,15 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from contract import context_budget, spec_resolution
 from dashboards import metrics_catalog as mc
-from tests.integration.helpers import (read, replica_infos, run, sglang_spec_config,
-                                      write_prompts)
+from tests.integration.helpers import read, replica_infos, run, write_prompts
 from tests.support import sglang_cpu
 from tests.support.prometheus import SD_FILE, session_dir, wait_for
 from tests.support.simulator import http
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROWS = 6
+ROWS = sglang_cpu.SPEC_ROWS
 C = sglang_cpu.CONTEXT
 ACCEPT = "sglang:spec_accept_length"
 
@@ -44,14 +43,6 @@ def _meta(url: str, ids: list[int], budget: int) -> dict:
 
 def _latest(df):
     return df.sort_values("version").groupby("key").tail(1).set_index("key").sort_index()
-
-
-@pytest.fixture(scope="module")
-def spec_run(spec_pool, s3_endpoint, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("spec-run")
-    tree = sglang_spec_config(tmp, s3_endpoint, rows_file=str(write_prompts(tmp / "p.jsonl", ROWS)),
-                              model_path=spec_pool.model, draft_path=spec_pool.draft)
-    return tree, run(tree)
 
 
 def test_rows_carry_the_engines_own_verify_counts(spec_run, spec_pool):
