@@ -14,7 +14,8 @@ flagged row it returned since its last sound canary (or its start): an engine th
 some outputs before the window tips (or a fleet-wide flag rate that hides a slow start)
 leaves no flagged row of its own as a key's latest. A canary drain (outputs that look
 sound but differ from the fleet's: a drift no flag sees) condemns every row returned since
-the last sound canary, flagged or not: the drift began after that canary. Every
+the last sound canary round began, flagged or not: the drift began after that round's
+prompts were answered (rows returned while it waited for its verdict stay). Every
 result it returns from then on carries the :class:`Drain` record of its run's condemned
 keys (``GenerateResult.drained``), so whichever job actor receives one records it under
 the run and those rows are regenerated as new versions (jobs/runs/regenerate.py). The
