@@ -103,8 +103,9 @@ def spec_pool(ray_cluster, s3_endpoint, scripted_model, draft_model,
         yield pool
 
 
-# The speculative pool's run of sglang_cpu.SPEC_ROWS prompts: test_speculative reads its
-# verify counts, test_job puts it beside its own plain run of the same prompts (--compare).
+# The speculative pool's run of sglang_cpu.SPEC_ROWS prompts, with logprobs (top 5):
+# test_speculative reads its verify counts, test_job puts it beside its own plain run of
+# the same prompts (--compare) and checks its logprobs against the plain engine's.
 # On local disk: the bucket is emptied after every module, and two modules read this run.
 @pytest.fixture(scope="package")
 def spec_run(spec_pool, s3_endpoint, tmp_path_factory):
@@ -112,7 +113,8 @@ def spec_run(spec_pool, s3_endpoint, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("spec-run")
     tree = sglang_spec_config(tmp, s3_endpoint, model_path=spec_pool.model,
                               rows_file=str(write_prompts(tmp / "p.jsonl", sglang_cpu.SPEC_ROWS)),
-                              draft_path=spec_pool.draft, output=str(tmp / "runs"))
+                              draft_path=spec_pool.draft, output=str(tmp / "runs"),
+                              job={"logprobs": {"top_k": 5}})
     return tree, run(tree)
 
 

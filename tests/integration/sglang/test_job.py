@@ -91,7 +91,7 @@ def test_rows_are_what_the_real_engine_generated(one_shot, sglang_pool):
 
 
 def test_report_compare_puts_the_drafter_run_beside_a_plain_run_of_its_prompts(
-        spec_run, one_shot, tmp_path, capsys):
+        spec_run, one_shot, sglang_pool, tmp_path, capsys):
     """Evaluating a drafter on the real engine (docs/compare-drafters.md): the speculative
     pool's run and this module's plain run, which holds the same prompts and more, side by
     side with `raygen report --compare`. The drafter's side has the engine's own accept
@@ -120,6 +120,10 @@ def test_report_compare_puts_the_drafter_run_beside_a_plain_run_of_its_prompts(
         assert side["truncated"] == 0 and side["request_output_tok_per_s"] > 0
         assert side["mean_output_tokens"] == len(sglang_cpu.OUTPUT_IDS)
     assert sum(g["rows"] for g in c["by_category"].values()) == spec_rows
+    # the drafter's run asked logprobs (top 5): with speculation they are still the
+    # target's own, each output token's exactly what the plain engine gives one request
+    for row in rows.itertuples():
+        _assert_logprobs_of_one_shot(sglang_pool.urls[0], row, 5)
 
 
 def test_stop_string_ends_the_row_where_sglang_matched_it(real_config, tmp_path):
