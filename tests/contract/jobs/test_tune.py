@@ -12,7 +12,11 @@ from jobs import cli
 
 # ~30-token prompts at a 512-token budget; the simulator's lengths (median 1,820) cut
 # nearly every row at the budget, so a running row ends near 540 tokens: a 4,096-token pool
-# holds about 7 of them. 3 s points at time_scale 0.05: ~50 rows each.
+# holds about 7 of them. 3 s points at time_scale 0.05: ~50 rows each. Conservativeness 0.3
+# (new-token ratio 0.21 from the first step): at SGLang's default 1.0 the ratio starts at
+# 0.7 and admits past the pool only once it has decayed over ~600 decode steps, and an
+# idle fresh-clone run's starved simulator ran too few of them in 3 s: 0 retractions at
+# both 16 and 32 (9 and 9 in a run beside three CPU hogs). At 0.3: 2-5 each, idle or not.
 POOL = 4096
 
 
@@ -25,7 +29,8 @@ def config(tmp_path, **engine) -> str:
     tree = {"engine": {"kind": "simulator", "model_path": "sim-tune", "max_running_requests": 32,
                        "context_length": 4096, "speculative": {"algorithm": "NEXTN"},
                        "start_timeout_s": 60,
-                       "simulator": {"time_scale": 0.05, "max_total_tokens": POOL}, **engine},
+                       "simulator": {"time_scale": 0.05, "max_total_tokens": POOL,
+                                     "schedule_conservativeness": 0.3}, **engine},
             "serve": {"max_ongoing_requests": 64,
                       "autoscaling": {"min_replicas": 2, "max_replicas": 2}},
             "job": {"input": str(prompts), "output": str(tmp_path / "runs"), "run_name": "t",
