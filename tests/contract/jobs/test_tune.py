@@ -14,9 +14,10 @@ from jobs import cli
 # nearly every row at the budget, so a running row ends near 540 tokens: a 4,096-token pool
 # holds about 7 of them. 3 s points at time_scale 0.05: ~50 rows each. Conservativeness 0.3
 # (new-token ratio 0.21 from the first step): at SGLang's default 1.0 the ratio starts at
-# 0.7 and admits past the pool only once it has decayed over ~600 decode steps, and an
-# idle fresh-clone run's starved simulator ran too few of them in 3 s: 0 retractions at
-# both 16 and 32 (9 and 9 in a run beside three CPU hogs). At 0.3: 2-5 each, idle or not.
+# 0.7 and admits past the pool only as it decays over ~600 decode steps, so whether a 3 s
+# point retracts hung on how the steps fell: an idle fresh-clone run saw 0 at both 16 and
+# 32 (7.0 and 6.3 running), a run beside three CPU hogs 9 and 9. At 0.3: 2-5 at each, idle
+# and beside the hogs.
 POOL = 4096
 
 
