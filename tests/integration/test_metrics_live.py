@@ -239,6 +239,12 @@ def live(ray_cluster, s3_endpoint, prometheus, tmp_path_factory) -> Live:
     gone = f'ALERTS{{alertname="RaygenJobDriverGone", run="{runs["crash"]}"}}'
     wait_for("RaygenJobDriverGone for the killed driver", lambda: prom.query(gone), FINAL_WAIT_S,
           every_s=INTERVAL_S)
+    # The range checks step every INTERVAL_S from t0: their last step must come after the
+    # final values' sample. A counted run whose durable rows jump 0 -> 64 -> 150 with its
+    # last parts (rows_done counts durable rows) can show rows_done >= 50, the truncation
+    # alert's volume gate, in its final report only; with t_end a few ms after t_eval no
+    # step saw it (RaygenTruncationHigh's signal had no data, every series sampled).
+    time.sleep(max(0.0, lv.t_eval + 2 * INTERVAL_S - time.time()))
     lv.t_end = time.time()
     lv.phases["driver-gone alert"] = lv.t_end - t0
     print(f"\nruns {runs}; phases (s since start): { {k: round(v) for k, v in lv.phases.items()} }; "
@@ -286,7 +292,13 @@ def _presence(live: Live, expr: str) -> str:
     names = sorted(set(re.findall(r"ray_raygen_\w+|raygen:\w+", expr)))
     steps = {name: {s["metric"].get("run", "?"): len(s["values"]) for s in live.prom.query_range(
         f"count by (run) ({name})", live.t0, live.t_end)} for name in names}
-    return f"steps with samples per run, of {live.t_end - live.t0:.0f} s: {steps}"
+    # each series' largest value per run over the range, and the steps (s after t0) it had it
+    peaks = {name: {s["metric"].get("run", "?"): (max(float(v) for _, v in s["values"]),
+                                                  round(float(s["values"][-1][0]) - live.t0))
+                    for s in live.prom.query_range(f"max by (run) ({name})", live.t0, live.t_end)}
+             for name in names}
+    return (f"steps with samples per run, of {live.t_end - live.t0:.0f} s: {steps}; "
+            f"(peak, last step) per run: {peaks}")
 
 
 def test_every_rule_evaluates_and_every_alert_signal_has_data(live):
