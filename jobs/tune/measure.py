@@ -13,7 +13,10 @@ client raised through the concurrency ladder, the engine's own counters over eac
   simulator abort a request whose client went away).
 - The figures: output tok/s from the engine's ``sglang:generation_tokens_total`` over the
   point's window (its first third settles, not measured), retractions from
-  ``sglang:num_retracted_requests_total``, running / queued / token usage from its gauges
+  ``sglang:num_retracted_requests_total`` over the whole point, settle included (raising
+  the concurrency is when the pool over-admits, and after a retraction SGLang's raised
+  new-token ratio holds admission back for hundreds of steps: counted over the window
+  only, a fresh-clone run's 3 s points at 16 and 32 read 0 on a pool of 7 rows), running / queued / token usage from its gauges
   scraped every ``period`` s, accept length from the rows finished in the window
   (tokens after the first, which the prefill makes, per verify step: as
   cluster/smoke_checks.accept_length counts).
@@ -128,10 +131,14 @@ class Load:
 
 
 def point_figures(cap: int, concurrency: int, start: tuple[float, dict], end: tuple[float, dict],
-                  scrapes: list[tuple[float, dict]], finished: list[Finished]) -> Point:
+                  scrapes: list[tuple[float, dict]], finished: list[Finished],
+                  raised: Optional[dict] = None) -> Point:
     """The point's figures from the scrapes that open and close its window, the gauge
-    scrapes in it and the requests finished in it (pure)."""
+    scrapes in it and the requests finished in it; ``raised``: the counters scraped as
+    the concurrency was raised, before the settle (retractions count from there; None:
+    from the window's start) (pure)."""
     (t0, m0), (t1, m1) = start, end
+    before = m0 if raised is None else raised
     span = max(t1 - t0, 1e-9)
     inside = [m for t, m in scrapes if t0 <= t <= t1] or [m1]
     done = [f for f in finished if t0 <= f.at <= t1]
@@ -148,7 +155,7 @@ def point_figures(cap: int, concurrency: int, start: tuple[float, dict], end: tu
         running=mean(RUNNING), queued=mean(QUEUED), token_usage=mean(USAGE),
         token_usage_max=max(m.get(USAGE, 0.0) for m in inside),
         # the counter appears at the engine's first retraction (SGLang's lazy counter)
-        retractions=int(round(m1.get(RETRACTED, 0.0) - m0.get(RETRACTED, 0.0))),
+        retractions=int(round(m1.get(RETRACTED, 0.0) - before.get(RETRACTED, 0.0))),
         rows=len(done), failed=len(done) - len(ok),
         accept_length=(sum(f.tokens - 1 for f in spec) / verify) if verify else None,
         first_error=next((f.error for f in done if f.error), None))
@@ -164,6 +171,7 @@ async def run_ladder(client, load: Load, cap: int, concurrencies: tuple[int, ...
     settle = max(SETTLE_FRACTION * point_s, period_s)
     points = []
     for concurrency in concurrencies:
+        raised = (await scrape())[1]
         load.raise_to(concurrency)
         await asyncio.sleep(settle)
         start, scrapes = await scrape(), []
@@ -173,7 +181,7 @@ async def run_ladder(client, load: Load, cap: int, concurrencies: tuple[int, ...
             scrapes.append(await scrape())
             _check(load, alive)
         point = point_figures(cap, concurrency, start, scrapes[-1] if scrapes else await scrape(),
-                              scrapes, load.finished)
+                              scrapes, load.finished, raised)
         say(f"tune: cap {cap}, concurrency {concurrency}: {point.output_tok_s:,.0f} output "
             f"tok/s, {point.running:.1f} running, {point.retractions} retracted")
         if point.rows and point.failed == point.rows and not point.output_tok_s:

@@ -130,6 +130,13 @@ def test_point_figures_from_the_engines_counters_and_the_rows_finished_in_its_wi
     assert p.token_usage == pytest.approx(0.8)
     assert (p.rows, p.failed) == (3, 1) and p.first_error.startswith("context_overflow")
     assert p.accept_length == 4.0  # (401 - 1) tokens over 100 verify steps
+    # retractions count from the scrape taken as the concurrency was raised: 2 in the
+    # settle (the counter at 2 when the window opens) and 1 in the window, 3; tok/s and
+    # rows stay the window's
+    start = (10.0, {GEN: 1000.0, RETRACTED: 2.0})
+    assert point_figures(48, 16, start, scrapes[-1], scrapes, finished).retractions == 1
+    whole = point_figures(48, 16, start, scrapes[-1], scrapes, finished, raised={GEN: 500.0})
+    assert whole.retractions == 3 and whole.output_tok_s == 1000.0 and whole.rows == 3
 
 
 def test_metric_sums_adds_label_sets_and_drops_created():
