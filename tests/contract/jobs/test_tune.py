@@ -17,7 +17,9 @@ from jobs import cli
 # 0.7 and admits past the pool only as it decays over ~600 decode steps, so whether a 3 s
 # point retracts hung on how the steps fell: an idle fresh-clone run saw 0 at both 16 and
 # 32 (7.0 and 6.3 running), a run beside three CPU hogs 9 and 9. At 0.3: 2-5 at each, idle
-# and beside the hogs.
+# and beside the hogs, yet a fresh-clone run's window read 0 and 0 again (8.0 running):
+# `raygen tune` now counts a point's retractions from the moment it raised the
+# concurrency (jobs/tune/measure.py): 4-7 at 16 and 0-5 at 32 in three idle runs.
 POOL = 4096
 
 
