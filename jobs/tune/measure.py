@@ -17,9 +17,9 @@ client raised through the concurrency ladder, the engine's own counters over eac
   the concurrency is when the pool over-admits, and after a retraction SGLang's raised
   new-token ratio holds admission back for hundreds of steps: counted over the window
   only, a fresh-clone run's 3 s points at 16 and 32 read 0 on a pool of 7 rows),
-  running / queued / token usage from its gauges scraped every ``period`` s, accept length from the rows finished in the window
-  (tokens after the first, which the prefill makes, per verify step: as
-  cluster/smoke_checks.accept_length counts).
+  running / queued / token usage from its gauges scraped every ``period`` s, accept
+  length from the rows finished in the window (tokens after the first, which the prefill
+  makes, per verify step: as cluster/smoke_checks.accept_length counts).
 """
 
 from __future__ import annotations
