@@ -292,7 +292,8 @@ def _presence(live: Live, expr: str) -> str:
     names = sorted(set(re.findall(r"ray_raygen_\w+|raygen:\w+", expr)))
     steps = {name: {s["metric"].get("run", "?"): len(s["values"]) for s in live.prom.query_range(
         f"count by (run) ({name})", live.t0, live.t_end)} for name in names}
-    # each series' largest value per run over the range, and the steps (s after t0) it had it
+    # each series' largest value per run over the range, and its last step with a sample
+    # (s after t0)
     peaks = {name: {s["metric"].get("run", "?"): (max(float(v) for _, v in s["values"]),
                                                   round(float(s["values"][-1][0]) - live.t0))
                     for s in live.prom.query_range(f"max by (run) ({name})", live.t0, live.t_end)}

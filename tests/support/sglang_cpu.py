@@ -14,11 +14,11 @@ from serve_apps.engines.simulator import tokenizer as tk
 CONTEXT = 256              # small, so every context boundary is cheap to reach
 APP = "raygen-sglang"      # the Serve app of the shared pool (tests/integration/sglang/)
 SPEC_APP = "raygen-sglang-spec"  # its one speculative engine (the same folder)
+SPEC_ROWS = 6  # the speculative pool's run (tests/integration/sglang/conftest.py spec_run)
 # One more engine of the scripted model whose KV pool is too small for the rows it is given
 # (the same folder): the smoke's capacity and retraction checks fail on it, and the
 # simulator's pool is compared with SGLang's retractions on it.
 SMALL_POOL_APP = "raygen-sglang-small-pool"
-SPEC_ROWS = 6  # the speculative pool's run (tests/integration/sglang/conftest.py spec_run)
 SMALL_POOL_TOKENS = 1024
 # SGLang's new-token ratio starts at 0.7 x this (0.035): admission reserves little of a
 # request's budget, so requests decoding past what was reserved make the scheduler retract.

@@ -312,7 +312,7 @@ def test_a_replica_whose_canary_differs_from_the_others_drains():
     client, real_generate = replicas[1].client, replicas[1].client.generate
 
     async def row_returned_meanwhile(*args, **kwargs):
-        if not watch.since_sound.get("run", {}).get("during"):
+        if "during" not in watch.since_sound.get("run", {}):  # once, in the round's first prompt
             watch.observe("run", GenerateResult(key="during", finish_reason="stop",
                                                 reasoning="r", answer="a",
                                                 finished_thinking=True, output_token_ids=[1]))
